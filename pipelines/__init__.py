@@ -1,0 +1,1 @@
+"""Cascade's offline half: data, features, dataloader, training, evaluation, export."""

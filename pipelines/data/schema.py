@@ -1,0 +1,52 @@
+"""The one raw schema every dataset source produces.
+
+Three tables, as pandas DataFrames:
+
+- users: ``user_id`` (int64), ``age`` (int32), ``gender`` (str), ``occupation`` (str),
+  ``zip_code`` (str)
+- items: ``item_id`` (int64), ``title`` (str), ``year`` (float32, NaN when unknown),
+  ``genres`` (str, ``|``-separated)
+- interactions: ``user_id`` (int64), ``item_id`` (int64), ``rating`` (float32),
+  ``timestamp`` (int64, unix seconds)
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import pandas as pd
+
+USER_COLUMNS = ("user_id", "age", "gender", "occupation", "zip_code")
+ITEM_COLUMNS = ("item_id", "title", "year", "genres")
+INTERACTION_COLUMNS = ("user_id", "item_id", "rating", "timestamp")
+GENRE_SEPARATOR = "|"
+
+
+@dataclass(frozen=True)
+class RawDataset:
+    """Users, items and their interactions, in the schema above."""
+
+    name: str
+    users: pd.DataFrame
+    items: pd.DataFrame
+    interactions: pd.DataFrame
+
+    def __post_init__(self) -> None:
+        for table, columns in (
+            (self.users, USER_COLUMNS),
+            (self.items, ITEM_COLUMNS),
+            (self.interactions, INTERACTION_COLUMNS),
+        ):
+            missing = [c for c in columns if c not in table.columns]
+            if missing:
+                raise ValueError(f"dataset {self.name!r} lacks columns {missing}")
+
+    def content_hash(self) -> str:
+        """A short, stable hash of the interactions (recorded in the export manifest)."""
+        digest = hashlib.sha256()
+        for column in INTERACTION_COLUMNS:
+            digest.update(self.interactions[column].to_numpy().tobytes())
+        digest.update(str(len(self.users)).encode())
+        digest.update(str(len(self.items)).encode())
+        return digest.hexdigest()[:16]

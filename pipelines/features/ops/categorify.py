@@ -1,0 +1,93 @@
+"""Categorify: map raw values to contiguous ids, with null and out-of-vocabulary buckets."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+import pandas as pd
+
+from pipelines.features.ops.base import Columns, FeatureOp
+
+NULL_ID = 0
+OOV_ID = 1
+FIRST_ID = 2
+
+
+def _keys(values: np.ndarray, numeric: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Normalise raw values to sortable keys and a null mask."""
+    values = np.asarray(values)
+    if numeric:
+        if values.dtype.kind in "OUS":
+            text = values.astype(str)
+            null = np.isin(text, ["", "None", "nan"])
+            keys = np.where(null, "nan", text).astype(np.float64)
+        else:
+            keys = values.astype(np.float64)
+        return keys, np.isnan(keys)
+    if values.dtype.kind == "O":
+        values = np.where(pd.isna(values), "", values)
+    keys = values.astype(str)
+    return keys, keys == ""
+
+
+class Categorify(FeatureOp):
+    """Values seen at least ``min_frequency`` times get ids from 2; 0 is null, 1 is OOV.
+
+    Ids are assigned in sorted-value order and looked up with ``np.searchsorted``, so a batch
+    of any size is encoded without a Python loop.
+    """
+
+    kind: ClassVar[str] = "categorify"
+
+    def __init__(self, column: str, min_frequency: int = 1, numeric: bool = False) -> None:
+        if min_frequency < 1:
+            raise ValueError("min_frequency must be >= 1")
+        self.column = column
+        self.min_frequency = min_frequency
+        self.numeric = numeric
+        self.vocabulary: np.ndarray | None = None
+
+    @property
+    def inputs(self) -> list[str]:
+        return [self.column]
+
+    @property
+    def outputs(self) -> list[str]:
+        return [f"{self.column}_idx"]
+
+    @property
+    def cardinality(self) -> int:
+        """Number of ids including the null and OOV buckets."""
+        assert self.vocabulary is not None, "fit first"
+        return len(self.vocabulary) + FIRST_ID
+
+    def fit(self, columns: Columns) -> None:
+        self._require(columns)
+        keys, null = _keys(columns[self.column], self.numeric)
+        uniques, counts = np.unique(keys[~null], return_counts=True)
+        self.vocabulary = uniques[counts >= self.min_frequency]
+
+    def transform(self, columns: Columns) -> Columns:
+        self._require(columns)
+        assert self.vocabulary is not None, "fit first"
+        keys, null = _keys(columns[self.column], self.numeric)
+        ids = np.full(keys.shape, OOV_ID, dtype=np.int64)
+        if len(self.vocabulary):
+            position = np.searchsorted(self.vocabulary, keys)
+            position = np.minimum(position, len(self.vocabulary) - 1)
+            found = self.vocabulary[position] == keys
+            ids[found] = position[found] + FIRST_ID
+        ids[null] = NULL_ID
+        return {self.outputs[0]: ids}
+
+    def config(self) -> dict[str, Any]:
+        return {"column": self.column, "min_frequency": self.min_frequency,
+                "numeric": self.numeric}
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        assert self.vocabulary is not None, "fit first"
+        return {"vocabulary": self.vocabulary}
+
+    def load_arrays(self, arrays: dict[str, np.ndarray]) -> None:
+        self.vocabulary = arrays["vocabulary"]
