@@ -1,0 +1,58 @@
+"""Parquet storage of feature columns (pyarrow).
+
+2-D feature matrices (dense, multi-hot) are stored as numbered scalar columns
+(``dense_0 .. dense_7``) so any parquet reader can use them; ``column_names`` expands a
+group name back to its columns for the dataloader.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipelines.features.ops import Columns
+
+
+def flatten(columns: Mapping[str, np.ndarray], names: Sequence[str]) -> dict[str, np.ndarray]:
+    """Pick ``names`` from ``columns``, splitting 2-D matrices into numbered columns."""
+    flat: dict[str, np.ndarray] = {}
+    for name in names:
+        values = columns[name]
+        if values.ndim == 2:
+            for j in range(values.shape[1]):
+                flat[f"{name}_{j}"] = np.ascontiguousarray(values[:, j])
+        else:
+            flat[name] = values
+    return flat
+
+
+def write_parquet(
+    path: Path, columns: Mapping[str, np.ndarray], row_group_size: int = 262_144,
+) -> None:
+    """Write columns uncompressed and without dictionaries: the loader's fastest layout."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = pa.table({name: pa.array(values) for name, values in columns.items()})
+    pq.write_table(
+        table, path, row_group_size=row_group_size, compression="none", use_dictionary=False,
+    )
+
+
+def column_names(path: Path, group: str) -> list[str]:
+    """The stored columns of a group: ``group`` itself or ``group_0, group_1, ...``."""
+    names = pq.ParquetFile(path).schema_arrow.names
+    if group in names:
+        return [group]
+    numbered = [n for n in names if n.startswith(f"{group}_") and n[len(group) + 1:].isdigit()]
+    if not numbered:
+        raise KeyError(f"{path} has no column or column group {group!r}")
+    return sorted(numbered, key=lambda n: int(n[len(group) + 1:]))
+
+
+def read_columns(path: Path, names: Sequence[str]) -> Columns:
+    """Read whole columns into numpy (for small tables such as the evaluation splits)."""
+    table = pq.read_table(path, columns=list(names))
+    return {name: table.column(name).to_numpy() for name in names}
