@@ -42,7 +42,7 @@ class Workflow:
         """
         columns = dict(columns)
         for op in self.ops:
-            if partial and any(c not in columns for c in op.inputs):
+            if partial and any(c not in columns for c in op.transform_inputs):
                 continue
             columns.update(op.transform(columns))
         return columns

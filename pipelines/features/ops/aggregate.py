@@ -30,6 +30,10 @@ class GroupMean(FeatureOp):
         return [self.key, self.value]
 
     @property
+    def transform_inputs(self) -> list[str]:
+        return [self.key]
+
+    @property
     def outputs(self) -> list[str]:
         return [self.name]
 

@@ -30,6 +30,11 @@ class FeatureOp(ABC):
         """Columns this op reads."""
 
     @property
+    def transform_inputs(self) -> list[str]:
+        """Columns ``transform`` needs (``fit`` may need more, e.g. a value to aggregate)."""
+        return self.inputs
+
+    @property
     @abstractmethod
     def outputs(self) -> list[str]:
         """Columns this op writes."""

@@ -1,0 +1,81 @@
+"""Retrieval metrics over full rankings, and ranking metrics (AUC, LogLoss)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+KS = (10, 20)
+
+
+def group_positives(pairs: np.ndarray, n_users: int) -> list[np.ndarray]:
+    """``[n, 2]`` (user, item) pairs -> per-user sorted arrays of items."""
+    order = np.lexsort((pairs[:, 1], pairs[:, 0]))
+    users, items = pairs[order, 0], pairs[order, 1]
+    bounds = np.searchsorted(users, np.arange(n_users + 1))
+    return [items[bounds[u]:bounds[u + 1]] for u in range(n_users)]
+
+
+def retrieval_metrics(
+    score_users: Callable[[np.ndarray], np.ndarray],
+    test: np.ndarray,
+    seen: np.ndarray,
+    n_users: int,
+    ks: tuple[int, ...] = KS,
+    batch: int = 256,
+) -> dict[str, float]:
+    """Recall@k and NDCG@k with a full ranking over all items (no sampled negatives).
+
+    Args:
+        score_users: user positions ``[b]`` -> scores over every item ``[b, n_items]``.
+        test: ``[n, 2]`` held-out positive (user, item) pairs.
+        seen: ``[m, 2]`` pairs excluded from the ranking (training and validation items).
+        n_users: number of users.
+    """
+    truth = group_positives(test, n_users)
+    users = np.asarray([u for u in range(n_users) if len(truth[u])])
+    seen_by_user = group_positives(seen, n_users)
+    k_max = max(ks)
+    discounts = 1.0 / np.log2(np.arange(2, k_max + 2))
+    totals = {f"{m}@{k}": 0.0 for k in ks for m in ("recall", "ndcg")}
+    for start in range(0, len(users), batch):
+        chunk = users[start:start + batch]
+        scores = np.array(score_users(chunk), dtype=np.float32, copy=True)
+        for row, u in enumerate(chunk):
+            scores[row, seen_by_user[u]] = -np.inf
+        top = np.argpartition(-scores, k_max, axis=1)[:, :k_max]
+        top = np.take_along_axis(top, np.argsort(-np.take_along_axis(scores, top, 1), axis=1), 1)
+        for row, u in enumerate(chunk):
+            hits = np.isin(top[row], truth[u])
+            for k in ks:
+                ideal = discounts[:min(len(truth[u]), k)].sum()
+                totals[f"recall@{k}"] += hits[:k].sum() / len(truth[u])
+                totals[f"ndcg@{k}"] += (hits[:k] * discounts[:k]).sum() / ideal
+    return {name: value / max(len(users), 1) for name, value in totals.items()}
+
+
+def auc(labels: np.ndarray, scores: np.ndarray) -> float:
+    """Area under the ROC curve (Mann-Whitney U with average ranks for ties)."""
+    labels = np.asarray(labels, dtype=bool)
+    n_pos, n_neg = int(labels.sum()), int((~labels).sum())
+    if n_pos == 0 or n_neg == 0:
+        raise ValueError("AUC needs both positive and negative labels")
+    order = np.argsort(scores, kind="mergesort")
+    sorted_scores = np.asarray(scores)[order]
+    ranks = np.empty(len(scores), dtype=np.float64)
+    _, starts, counts = np.unique(sorted_scores, return_index=True, return_counts=True)
+    average = starts + (counts + 1) / 2.0
+    ranks[order] = np.repeat(average, counts)
+    return float((ranks[labels].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def logloss(labels: np.ndarray, probabilities: np.ndarray, eps: float = 1e-7) -> float:
+    """Mean binary cross-entropy."""
+    p = np.clip(np.asarray(probabilities, dtype=np.float64), eps, 1 - eps)
+    y = np.asarray(labels, dtype=np.float64)
+    return float(-(y * np.log(p) + (1 - y) * np.log(1 - p)).mean())
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-np.asarray(x, dtype=np.float64)))

@@ -1,0 +1,77 @@
+"""The evaluation report: ``report.json`` plus PNG plots (training curves, metric tables)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def _curves_plot(curves: dict[str, list[dict[str, float]]], path: Path) -> None:
+    figure, axes = plt.subplots(1, len(curves), figsize=(4.5 * len(curves), 3.5), squeeze=False)
+    for axis, (name, records) in zip(axes[0], curves.items(), strict=True):
+        x_key = "epoch" if records and "epoch" in records[0] else "round"
+        for key in records[0] if records else []:
+            if key == x_key:
+                continue
+            axis.plot([r[x_key] for r in records], [r[key] for r in records], label=key)
+        axis.set_title(name)
+        axis.set_xlabel(x_key)
+        axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def _table_plot(title: str, metrics: dict[str, dict[str, float]], path: Path) -> None:
+    models = list(metrics)
+    columns = list(next(iter(metrics.values())))
+    cells = [[f"{metrics[m][c]:.4f}" for c in columns] for m in models]
+    figure, axis = plt.subplots(figsize=(1.6 * (len(columns) + 1), 0.45 * (len(models) + 2)))
+    axis.axis("off")
+    axis.set_title(title)
+    table = axis.table(cellText=cells, rowLabels=models, colLabels=columns, loc="center")
+    table.scale(1, 1.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def lift_over(metrics: dict[str, dict[str, float]], model: str, baseline: str) -> dict[str, float]:
+    """``model / baseline`` for every metric (how far a model beats a baseline)."""
+    return {k: metrics[model][k] / metrics[baseline][k] if metrics[baseline][k] else float("inf")
+            for k in metrics[model]}
+
+
+def write_report(
+    directory: Path, retrieval: dict[str, Any], ranking: dict[str, Any], info: dict[str, Any]
+) -> Path:
+    """Write ``report.json`` and the plots into ``directory``; return the report's path."""
+    directory.mkdir(parents=True, exist_ok=True)
+    plots = {
+        "retrieval_curves": "retrieval_curves.png", "ranking_curves": "ranking_curves.png",
+        "retrieval_metrics": "retrieval_metrics.png", "ranking_metrics": "ranking_metrics.png",
+    }
+    _curves_plot(retrieval["curves"], directory / plots["retrieval_curves"])
+    _curves_plot(ranking["curves"], directory / plots["ranking_curves"])
+    _table_plot("Retrieval (test, full ranking)", retrieval["metrics"], directory / plots["retrieval_metrics"])
+    _table_plot("Ranking (test)", ranking["metrics"], directory / plots["ranking_metrics"])
+    report = {
+        **info,
+        "retrieval": {
+            "metrics": retrieval["metrics"],
+            "two_tower_over_popularity": lift_over(retrieval["metrics"], "two_tower", "popularity"),
+            "two_tower_over_bpr_mf": lift_over(retrieval["metrics"], "two_tower", "bpr_mf"),
+        },
+        "ranking": {"metrics": ranking["metrics"], "blend_weight": ranking["blend_weight"]},
+        "curves": {"retrieval": retrieval["curves"], "ranking": ranking["curves"]},
+        "plots": plots,
+    }
+    path = directory / "report.json"
+    path.write_text(json.dumps(report, indent=2))
+    return path

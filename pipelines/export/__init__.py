@@ -1,0 +1,1 @@
+"""Export: versioned ONNX models, FAISS index, embedding tables, tree model, workflow, manifest."""

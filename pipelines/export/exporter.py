@@ -1,0 +1,95 @@
+"""The export step: turn a trained work directory into a new, versioned release."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from pipelines.config import TrainConfig
+from pipelines.export.item_index import build_index, index_kind, save_index
+from pipelines.export.onnx_models import export_dlrm_dense, export_query_tower
+from pipelines.export.repository import VersionWriter
+from pipelines.features.spec import SPARSE_COLUMNS
+from pipelines.features.workflow import Workflow
+from pipelines.prepare import RetrievalData
+from pipelines.training.ranking import TREE_CATEGORICAL, build_dlrm, ranking_inputs
+from pipelines.training.retrieval import build_two_tower
+
+QUERY_TOWER = "query_tower"
+RANKER = "ranker"
+
+
+def _write_ranker(model_dir: Path, workdir: Path, workflow: Workflow, config: TrainConfig) -> float:
+    """DLRM dense part as ONNX, one ``.npy`` per embedding table, tree model, blend weight."""
+    valid = ranking_inputs(workdir / "ranking_valid.parquet")
+    dlrm = build_dlrm(workflow, valid["dense"].shape[1], config)
+    dlrm.load_state_dict(torch.load(workdir / "models" / "dlrm.pt", weights_only=True))
+    dlrm.eval()
+    tables = model_dir / "embeddings"
+    tables.mkdir()
+    for column, table in zip(SPARSE_COLUMNS, dlrm.tables, strict=True):
+        np.save(tables / f"{column}.npy", table.weight.detach().numpy().astype(np.float32))
+    (tables / "tables.json").write_text(json.dumps({
+        "columns": list(SPARSE_COLUMNS), "dim": config.dlrm_dim,
+        "rows": {c: int(t.num_embeddings) for c, t in zip(SPARSE_COLUMNS, dlrm.tables, strict=True)},
+    }, indent=2))
+    with torch.no_grad():
+        embedded = dlrm.embed(torch.from_numpy(valid["sparse"][:64])).numpy()
+    difference = export_dlrm_dense(dlrm.dense_part, valid["dense"], embedded, model_dir / "dlrm_dense.onnx")
+    shutil.copy(workdir / "models" / "gbm.txt", model_dir / "gbm.txt")
+    ranking = json.loads((workdir / "ranking_result.json").read_text())
+    (model_dir / "blend.json").write_text(json.dumps({
+        "dlrm_weight": ranking["blend_weight"], "tree_categorical": list(TREE_CATEGORICAL),
+        "sparse_columns": list(SPARSE_COLUMNS),
+    }, indent=2))
+    return difference
+
+
+def run_export(workdir: Path, root: Path, config: TrainConfig, info: dict[str, Any]) -> Path:
+    """Write a new version under ``root``; return its manifest path. Never overwrites."""
+    workflow = Workflow.load(workdir / "workflow")
+    data = RetrievalData.load(workdir / "retrieval.npz")
+    writer = VersionWriter(root)
+    version = writer.claim()
+    try:
+        two_tower = build_two_tower(workflow, data.item_dense.shape[1], config)
+        two_tower.load_state_dict(torch.load(workdir / "models" / "two_tower.pt", weights_only=True))
+        staged = writer.staging(QUERY_TOWER)
+        query_difference = export_query_tower(two_tower.query, data.user_features, data.history,
+                                              staged / "model.onnx")
+        writer.publish(QUERY_TOWER, staged)
+
+        staged = writer.staging(RANKER)
+        dlrm_difference = _write_ranker(staged, workdir, workflow, config)
+        writer.publish(RANKER, staged)
+
+        release = writer.release
+        assert release is not None
+        embeddings = np.load(workdir / "models" / "item_embeddings.npy")
+        index = build_index(embeddings, seed=config.seed)
+        save_index(index, release / "item_index.faiss")
+        np.save(release / "item_embeddings.npy", embeddings)
+        np.save(release / "item_ids.npy", data.item_ids)
+        counts = np.load(workdir / "models" / "popularity.npy")
+        order = np.argsort(-counts, kind="stable")
+        (release / "popularity.json").write_text(json.dumps({
+            "item_ids": data.item_ids[order].tolist(), "counts": counts[order].tolist(),
+        }))
+        shutil.copytree(workdir / "workflow", release / "workflow")
+        return writer.finish({
+            **info,
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "models": {QUERY_TOWER: version, RANKER: version},
+            "index": {"kind": index_kind(index), "items": int(index.ntotal), "dim": int(index.d)},
+            "onnx_max_abs_difference": {QUERY_TOWER: query_difference, "dlrm_dense": dlrm_difference},
+            "config": config.model_dump(),
+        })
+    except BaseException:
+        writer.abandon()
+        raise

@@ -1,0 +1,1 @@
+"""PyTorch and tree models: two-tower retrieval, BPR-MF and popularity baselines, DLRM, GBM."""

@@ -1,0 +1,85 @@
+"""Two-tower retrieval: a user tower (user features + recent history) and an item tower.
+
+Trained with in-batch sampled softmax and log-Q correction: every other positive in the
+batch is a negative, and each logit is reduced by the log of its item's sampling
+probability so that popular items are not over-penalised for appearing as negatives often.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def _mlp(sizes: list[int]) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
+        layers.append(nn.Linear(n_in, n_out))
+        if i < len(sizes) - 2:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+class QueryTower(nn.Module):
+    """User id-features ``[B, n_features]`` + history item ids ``[B, L]`` (0 = padding) -> unit vector."""
+
+    def __init__(
+        self, cardinalities: list[int], n_items: int, feature_dim: int = 16,
+        history_dim: int = 32, hidden: int = 128, out_dim: int = 64,
+    ) -> None:
+        super().__init__()
+        self.features = nn.ModuleList(nn.Embedding(n, feature_dim) for n in cardinalities)
+        self.history = nn.Embedding(n_items, history_dim, padding_idx=0)
+        self.mlp = _mlp([feature_dim * len(cardinalities) + history_dim, hidden, out_dim])
+
+    def forward(self, user_features: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
+        parts = [table(user_features[:, j]) for j, table in enumerate(self.features)]
+        mask = (history > 0).unsqueeze(-1).to(self.history.weight.dtype)
+        pooled = (self.history(history) * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+        return F.normalize(self.mlp(torch.cat([*parts, pooled], dim=1)), dim=-1)
+
+
+class ItemTower(nn.Module):
+    """Item id-features ``[B, n_features]`` + dense features ``[B, n_dense]`` -> unit vector."""
+
+    def __init__(
+        self, cardinalities: list[int], n_dense: int, feature_dim: int = 32,
+        hidden: int = 128, out_dim: int = 64,
+    ) -> None:
+        super().__init__()
+        self.features = nn.ModuleList(nn.Embedding(n, feature_dim) for n in cardinalities)
+        self.dense = nn.Linear(n_dense, feature_dim)
+        self.mlp = _mlp([feature_dim * (len(cardinalities) + 1), hidden, out_dim])
+
+    def forward(self, item_features: torch.Tensor, item_dense: torch.Tensor) -> torch.Tensor:
+        parts = [table(item_features[:, j]) for j, table in enumerate(self.features)]
+        return F.normalize(self.mlp(torch.cat([*parts, self.dense(item_dense)], dim=1)), dim=-1)
+
+
+class TwoTower(nn.Module):
+    """Both towers and the sampled-softmax loss."""
+
+    def __init__(self, query: QueryTower, item: ItemTower, temperature: float = 0.05) -> None:
+        super().__init__()
+        self.query = query
+        self.item = item
+        self.temperature = temperature
+
+    def loss(
+        self,
+        user_features: torch.Tensor,
+        history: torch.Tensor,
+        item_features: torch.Tensor,
+        item_dense: torch.Tensor,
+        item_ids: torch.Tensor,
+        log_q: torch.Tensor,
+    ) -> torch.Tensor:
+        """In-batch softmax with log-Q correction; a duplicate of the positive is not a negative."""
+        users = self.query(user_features, history)
+        items = self.item(item_features, item_dense)
+        logits = users @ items.T / self.temperature - log_q[None, :]
+        same_item = item_ids[None, :] == item_ids[:, None]
+        eye = torch.eye(len(item_ids), dtype=torch.bool, device=logits.device)
+        logits = logits.masked_fill(same_item & ~eye, float("-inf"))
+        return F.cross_entropy(logits, torch.arange(len(item_ids), device=logits.device))

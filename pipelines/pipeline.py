@@ -1,0 +1,85 @@
+"""The offline pipeline end to end: data -> prepare -> retrieval -> ranking -> export -> report.
+
+Each step reads what the previous one wrote into the work directory, so steps can also be
+run one at a time (``cascade train prepare``, ``cascade train retrieval``, ...).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from pipelines.config import TrainConfig
+from pipelines.data.movielens import load_movielens_100k
+from pipelines.data.schema import RawDataset
+from pipelines.data.synthetic import make_synthetic
+from pipelines.errors import ArtifactError, ConfigError
+from pipelines.evaluation.report import write_report
+from pipelines.export.exporter import run_export
+from pipelines.prepare import prepare
+from pipelines.training.ranking import run_ranking
+from pipelines.training.retrieval import run_retrieval
+
+STEPS = ("prepare", "retrieval", "ranking", "export")
+DATASET_INFO = "dataset.json"
+
+
+def load_dataset(name: str, seed: int, synthetic_size: tuple[int, int, int]) -> RawDataset:
+    if name == "movielens":
+        return load_movielens_100k()
+    if name == "synthetic":
+        users, items, interactions = synthetic_size
+        return make_synthetic(users, items, interactions, seed=seed)
+    raise ConfigError(f"unknown dataset {name!r}; choose movielens or synthetic")
+
+
+def _read_json(path: Path, produced_by: str) -> dict:
+    if not path.is_file():
+        raise ArtifactError(f"{path} is missing: run `cascade train {produced_by}` first")
+    return json.loads(path.read_text())
+
+
+def run_pipeline(
+    workdir: Path,
+    output: Path,
+    config: TrainConfig,
+    steps: tuple[str, ...] = STEPS,
+    dataset: str = "movielens",
+    synthetic_size: tuple[int, int, int] = (10_000, 5_000, 200_000),
+    log: Callable[[str], None] = print,
+) -> Path:
+    """Run ``steps`` in order; write the report and return its path."""
+    unknown = [s for s in steps if s not in STEPS]
+    if unknown:
+        raise ConfigError(f"unknown steps {unknown}; choose from {list(STEPS)}")
+    timings: dict[str, float] = {}
+    for step in STEPS:
+        if step not in steps:
+            continue
+        started = time.perf_counter()
+        log(f"== {step}")
+        if step == "prepare":
+            raw = load_dataset(dataset, config.seed, synthetic_size)
+            log(f"{raw.name}: {len(raw.users)} users, {len(raw.items)} items, "
+                f"{len(raw.interactions)} interactions")
+            prepare(raw, workdir, seed=config.seed, history_length=config.history_length)
+            (workdir / DATASET_INFO).write_text(json.dumps({"dataset": raw.name, "data_hash": raw.content_hash()}))
+        elif step == "retrieval":
+            run_retrieval(workdir, config)
+        elif step == "ranking":
+            run_ranking(workdir, config)
+        elif step == "export":
+            info = _read_json(workdir / DATASET_INFO, "prepare")
+            metrics = {
+                "retrieval": _read_json(workdir / "retrieval_result.json", "retrieval")["metrics"],
+                "ranking": _read_json(workdir / "ranking_result.json", "ranking")["metrics"],
+            }
+            manifest = run_export(workdir, output, config, {**info, "metrics": metrics})
+            log(f"exported {manifest.parent}")
+        timings[step] = round(time.perf_counter() - started, 2)
+    info = _read_json(workdir / DATASET_INFO, "prepare")
+    retrieval = _read_json(workdir / "retrieval_result.json", "retrieval")
+    ranking = _read_json(workdir / "ranking_result.json", "ranking")
+    return write_report(workdir / "report", retrieval, ranking, {**info, "step_seconds": timings})

@@ -1,0 +1,152 @@
+"""The ETL step: split, fit the feature workflow, write the model inputs.
+
+Writes into a work directory:
+
+- ``workflow/``: the fitted feature workflow (serving loads the exported copy);
+- ``ranking_{train,valid,test}.parquet``: DLRM/GBM rows (rating == 3 dropped), training
+  rows written in random order, as the dataloader's block shuffle expects;
+- ``retrieval.npz``: tower inputs per catalog user and item, each user's recent history,
+  retrieval positives of each split, item sampling log-probabilities (log-Q).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from pipelines.data.schema import RawDataset
+from pipelines.features.ops import Columns
+from pipelines.features.rows import ITEM_ATTRIBUTES, USER_ATTRIBUTES, AttributeTable, labelled_rows
+from pipelines.features.spec import (
+    DENSE,
+    GENRES,
+    ITEM_TOWER_COLUMNS,
+    LABEL,
+    SPARSE_COLUMNS,
+    USER_TOWER_COLUMNS,
+    default_workflow,
+)
+from pipelines.features.workflow import Workflow
+from pipelines.split import POSITIVE_RATING, random_split
+from pipelines.storage import flatten, write_parquet
+
+RANKING_COLUMNS = (*SPARSE_COLUMNS, DENSE, GENRES, LABEL)
+SPLITS = ("train", "valid", "test")
+
+
+@dataclass
+class RetrievalData:
+    """Tower inputs indexed by catalog position (users table order, items table order)."""
+
+    user_ids: np.ndarray        # [n_users] raw ids
+    item_ids: np.ndarray        # [n_items] raw ids
+    user_features: np.ndarray   # [n_users, len(USER_TOWER_COLUMNS)] int64
+    history: np.ndarray         # [n_users, history_length] item_id_idx, 0 = padding
+    item_features: np.ndarray   # [n_items, len(ITEM_TOWER_COLUMNS)] int64
+    item_dense: np.ndarray      # [n_items, n_genres + 1] float32
+    item_log_q: np.ndarray      # [n_items] log sampling probability of each item as a positive
+    positives: dict[str, np.ndarray]  # split -> [n, 2] (user position, item position)
+
+    def save(self, path: Path) -> None:
+        np.savez(path, user_ids=self.user_ids, item_ids=self.item_ids,
+                 user_features=self.user_features, history=self.history,
+                 item_features=self.item_features, item_dense=self.item_dense,
+                 item_log_q=self.item_log_q,
+                 **{f"positives_{k}": v for k, v in self.positives.items()})
+
+    @classmethod
+    def load(cls, path: Path) -> RetrievalData:
+        with np.load(path, allow_pickle=False) as saved:
+            fields = {k: saved[k] for k in saved.files}
+        positives = {k[len("positives_"):]: fields.pop(k) for k in list(fields) if k.startswith("positives_")}
+        return cls(positives=positives, **fields)
+
+
+def _take(columns: Columns, rows: np.ndarray) -> Columns:
+    return {k: v[rows] for k, v in columns.items()}
+
+
+def _positions(ids: np.ndarray, catalog: np.ndarray) -> np.ndarray:
+    order = np.argsort(catalog)
+    return order[np.searchsorted(catalog, ids, sorter=order)]
+
+
+def user_tower_inputs(workflow: Workflow, users: pd.DataFrame) -> np.ndarray:
+    """``[n, len(USER_TOWER_COLUMNS)]`` ids for raw user rows (used offline and online)."""
+    raw = {c: users[c].to_numpy() for c in ("user_id", *USER_ATTRIBUTES)}
+    encoded = workflow.transform(raw, partial=True)
+    return np.stack([encoded[c] for c in USER_TOWER_COLUMNS], axis=1)
+
+
+def item_tower_inputs(workflow: Workflow, items: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Item ids ``[n, len(ITEM_TOWER_COLUMNS)]`` and dense ``[n, n_genres + 1]`` for raw item rows."""
+    raw = {c: items[c].to_numpy() for c in ("item_id", *ITEM_ATTRIBUTES)}
+    encoded = workflow.transform(raw, partial=True)
+    features = np.stack([encoded[c] for c in ITEM_TOWER_COLUMNS], axis=1)
+    dense = np.concatenate([encoded[GENRES], encoded["item_id_idx_count"][:, None]], axis=1)
+    return features, dense.astype(np.float32)
+
+
+def recent_history(
+    workflow: Workflow, interactions: pd.DataFrame, user_ids: np.ndarray, length: int
+) -> np.ndarray:
+    """Each user's last ``length`` positive items (newest last) as item_id_idx, 0-padded on the left."""
+    positives = interactions[interactions["rating"] >= POSITIVE_RATING].sort_values(["user_id", "timestamp"])
+    item_idx = workflow.transform({"item_id": positives["item_id"].to_numpy()}, partial=True)["item_id_idx"]
+    users = positives["user_id"].to_numpy()
+    # rank of each row from the end of its user's run: keep the last ``length``
+    run_end = np.r_[np.flatnonzero(users[1:] != users[:-1]), len(users) - 1] if len(users) else np.array([], int)
+    run_id = np.repeat(np.arange(len(run_end)), np.diff(np.r_[-1, run_end]))
+    from_end = run_end[run_id] - np.arange(len(users)) if len(users) else np.array([], int)
+    keep = from_end < length
+    history = np.zeros((len(user_ids), length), dtype=np.int64)
+    rows = _positions(users[keep], user_ids)
+    history[rows, length - 1 - from_end[keep]] = item_idx[keep]
+    return history
+
+
+def prepare(dataset: RawDataset, workdir: Path, seed: int = 0, history_length: int = 20) -> Workflow:
+    """Split, fit the workflow on the training rows, and write every model's inputs."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    users = AttributeTable(dataset.users, "user_id", USER_ATTRIBUTES)
+    items = AttributeTable(dataset.items, "item_id", ITEM_ATTRIBUTES)
+    rows = labelled_rows(dataset.interactions, users, items)
+    split = random_split(len(dataset.interactions), seed)
+
+    workflow = default_workflow(seed=seed)
+    encoded = {"train": workflow.fit_transform(_take(rows, split.train)),
+               "valid": workflow.transform(_take(rows, split.valid)),
+               "test": workflow.transform(_take(rows, split.test))}
+    workflow.save(workdir / "workflow")
+
+    rng = np.random.default_rng(seed)
+    for name, columns in encoded.items():
+        kept = np.flatnonzero(columns["rating"] != POSITIVE_RATING)
+        if name == "train":
+            kept = rng.permutation(kept)
+        write_parquet(workdir / f"ranking_{name}.parquet", flatten(_take(columns, kept), RANKING_COLUMNS),
+                      row_group_size=65_536)
+
+    train_interactions = dataset.interactions.iloc[split.train]
+    user_ids = dataset.users["user_id"].to_numpy()
+    item_ids = dataset.items["item_id"].to_numpy()
+    item_features, item_dense = item_tower_inputs(workflow, dataset.items)
+    positives = {}
+    for name, part in zip(SPLITS, (split.train, split.valid, split.test), strict=True):
+        chosen = dataset.interactions.iloc[part]
+        chosen = chosen[chosen["rating"] >= POSITIVE_RATING]
+        positives[name] = np.stack([_positions(chosen["user_id"].to_numpy(), user_ids),
+                                    _positions(chosen["item_id"].to_numpy(), item_ids)], axis=1)
+    counts = np.bincount(positives["train"][:, 1], minlength=len(item_ids)) + 1.0
+    RetrievalData(
+        user_ids=user_ids, item_ids=item_ids,
+        user_features=user_tower_inputs(workflow, dataset.users),
+        history=recent_history(workflow, train_interactions, user_ids, history_length),
+        item_features=item_features, item_dense=item_dense,
+        item_log_q=np.log(counts / counts.sum()).astype(np.float32),
+        positives=positives,
+    ).save(workdir / "retrieval.npz")
+    return workflow

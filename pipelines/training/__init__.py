@@ -1,0 +1,1 @@
+"""Training steps: retrieval (two-tower and baselines) and ranking (DLRM, GBM, blend)."""

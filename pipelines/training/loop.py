@@ -1,0 +1,72 @@
+"""The shared training loop: seeds, device, mixed precision on GPU, progress bars."""
+
+from __future__ import annotations
+
+import copy
+import random
+from collections.abc import Callable, Iterable
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, numpy and torch for reproducible runs."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def train_epochs(
+    parameters: Iterable[torch.nn.Parameter],
+    epoch_batches: Callable[[int], Iterable[tuple[torch.Tensor, ...]]],
+    loss_fn: Callable[..., torch.Tensor],
+    epochs: int,
+    lr: float,
+    name: str,
+    weight_decay: float = 0.0,
+    after_epoch: Callable[[int], dict[str, float]] | None = None,
+    keep_best: tuple[torch.nn.Module, str] | None = None,
+    quiet: bool = False,
+) -> list[dict[str, float]]:
+    """Run Adam over ``epoch_batches(epoch)``; return one record per epoch (mean loss + extras).
+
+    ``keep_best=(model, metric)`` restores, at the end, the model's weights from the epoch
+    with the highest ``metric`` among ``after_epoch``'s outputs (early stopping's choice).
+    On a GPU the forward pass runs under bfloat16 autocast (mixed precision).
+    """
+    best_value, best_state = -float("inf"), None
+    optimizer = torch.optim.Adam(list(parameters), lr=lr, weight_decay=weight_decay)
+    use_amp = torch.cuda.is_available()
+    history: list[dict[str, float]] = []
+    for epoch in range(epochs):
+        total, count = 0.0, 0
+        bar = tqdm(epoch_batches(epoch), desc=f"{name} epoch {epoch + 1}/{epochs}", leave=False,
+                   disable=quiet, unit="batch")
+        for batch in bar:
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_amp):
+                loss = loss_fn(*batch)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            total += float(loss.detach())
+            count += 1
+            bar.set_postfix(loss=f"{total / count:.4f}")
+        record = {"epoch": epoch + 1, "loss": total / max(count, 1)}
+        if after_epoch is not None:
+            record.update(after_epoch(epoch))
+        history.append(record)
+        if keep_best is not None and record[keep_best[1]] > best_value:
+            best_value = record[keep_best[1]]
+            best_state = copy.deepcopy(keep_best[0].state_dict())
+        if not quiet:
+            extras = " ".join(f"{k}={v:.4f}" for k, v in record.items() if k not in ("epoch",))
+            tqdm.write(f"{name} epoch {epoch + 1}/{epochs}: {extras}")
+    if keep_best is not None and best_state is not None:
+        keep_best[0].load_state_dict(best_state)
+    return history

@@ -1,0 +1,122 @@
+"""Ranking step: train DLRM (through the parquet dataloader) and the tree ranker, fit their
+blend weight on validation, and report AUC and LogLoss of each and of the blend on test."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from pipelines.config import TrainConfig
+from pipelines.dataloader import ParquetBatchLoader
+from pipelines.evaluation.metrics import auc, logloss, sigmoid
+from pipelines.features.spec import DENSE, GENRES, LABEL, SPARSE_COLUMNS, cardinality
+from pipelines.features.workflow import Workflow
+from pipelines.models.dlrm import DLRM
+from pipelines.models.gbm import TreeRanker
+from pipelines.storage import column_names, read_columns
+from pipelines.training.loop import seed_everything, train_epochs
+
+GROUPS = {"sparse": list(SPARSE_COLUMNS), "dense": [DENSE, GENRES], "label": [LABEL]}
+# Low-cardinality id columns the trees treat as categories (ids of users/items would overfit).
+TREE_CATEGORICAL = ("gender_idx", "age_idx", "occupation_idx", "year_idx", "genres_first_idx",
+                    "hour", "weekday")
+
+
+def ranking_inputs(path: Path) -> dict[str, np.ndarray]:
+    """A whole split as ``sparse [n, T]`` int64, ``dense [n, D]`` float32, ``label [n]``."""
+    names = {out: [c for g in groups for c in column_names(path, g)] for out, groups in GROUPS.items()}
+    columns = read_columns(path, [c for group in names.values() for c in group])
+    return {
+        "sparse": np.stack([columns[c] for c in names["sparse"]], axis=1).astype(np.int64),
+        "dense": np.stack([columns[c] for c in names["dense"]], axis=1).astype(np.float32),
+        "label": columns[LABEL].astype(np.float32),
+    }
+
+
+def tree_features(inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, list[int]]:
+    """Tree inputs: the dense block then the low-cardinality ids; returns categorical positions."""
+    picked = [SPARSE_COLUMNS.index(c) for c in TREE_CATEGORICAL]
+    x = np.concatenate([inputs["dense"], inputs["sparse"][:, picked].astype(np.float32)], axis=1)
+    return x, list(range(inputs["dense"].shape[1], x.shape[1]))
+
+
+@torch.no_grad()
+def dlrm_logits(model: DLRM, inputs: dict[str, np.ndarray]) -> np.ndarray:
+    model.eval()
+    return model(torch.from_numpy(inputs["sparse"]), torch.from_numpy(inputs["dense"])).float().numpy()
+
+
+def build_dlrm(workflow: Workflow, n_dense: int, config: TrainConfig) -> DLRM:
+    return DLRM([cardinality(workflow, c) for c in SPARSE_COLUMNS], n_dense, dim=config.dlrm_dim)
+
+
+def train_dlrm(model: DLRM, workdir: Path, valid: dict[str, np.ndarray], config: TrainConfig) -> list[dict[str, float]]:
+    loader = ParquetBatchLoader([workdir / "ranking_train.parquet"], GROUPS, config.dlrm_batch,
+                                dtypes={"sparse": torch.int64}, seed=config.seed)
+
+    def loss(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        model.train()
+        logits = model(batch["sparse"], batch["dense"].contiguous())
+        return F.binary_cross_entropy_with_logits(logits.float(), batch["label"][:, 0])
+
+    def validate(_: int) -> dict[str, float]:
+        return {"valid_auc": auc(valid["label"], dlrm_logits(model, valid))}
+
+    return train_epochs(model.parameters(), lambda _: ((b,) for b in loader), loss,
+                        config.dlrm_epochs, config.dlrm_lr, "dlrm", after_epoch=validate,
+                        keep_best=(model, "valid_auc"))
+
+
+def fit_blend_weight(labels: np.ndarray, dlrm: np.ndarray, tree: np.ndarray) -> float:
+    """Weight w of ``w * dlrm + (1 - w) * tree`` logits with the lowest validation logloss."""
+    grid = np.linspace(0.0, 1.0, 21)
+    losses = [logloss(labels, sigmoid(w * dlrm + (1 - w) * tree)) for w in grid]
+    return float(grid[int(np.argmin(losses))])
+
+
+def _scores(labels: np.ndarray, logits: np.ndarray) -> dict[str, float]:
+    return {"auc": auc(labels, logits), "logloss": logloss(labels, sigmoid(logits))}
+
+
+def run_ranking(workdir: Path, config: TrainConfig) -> dict[str, Any]:
+    """Train, evaluate and save DLRM, the tree ranker and the blend weight."""
+    seed_everything(config.seed)
+    torch.set_num_threads(config.threads)
+    workflow = Workflow.load(workdir / "workflow")
+    valid = ranking_inputs(workdir / "ranking_valid.parquet")
+    test = ranking_inputs(workdir / "ranking_test.parquet")
+    model = build_dlrm(workflow, valid["dense"].shape[1], config)
+    dlrm_curve = train_dlrm(model, workdir, valid, config)
+
+    train = ranking_inputs(workdir / "ranking_train.parquet")
+    tree = TreeRanker()
+    train_x, categorical = tree_features(train)
+    valid_x, _ = tree_features(valid)
+    tree_curve = tree.fit(train_x, train["label"], valid_x, valid["label"], categorical,
+                          seed=config.seed, rounds=config.gbm_rounds, threads=config.threads)
+    weight = fit_blend_weight(valid["label"], dlrm_logits(model, valid), tree.logits(valid_x))
+
+    test_dlrm, test_tree = dlrm_logits(model, test), tree.logits(tree_features(test)[0])
+    result = {
+        "metrics": {
+            "dlrm": _scores(test["label"], test_dlrm),
+            "gbm": _scores(test["label"], test_tree),
+            "blend": _scores(test["label"], weight * test_dlrm + (1 - weight) * test_tree),
+        },
+        "blend_weight": weight,
+        "curves": {"dlrm": dlrm_curve, "gbm": [
+            {"round": i + 1, "train_logloss": a, "valid_logloss": b}
+            for i, (a, b) in enumerate(zip(tree_curve["train"], tree_curve["valid"], strict=True))
+        ]},
+    }
+    models = workdir / "models"
+    models.mkdir(exist_ok=True)
+    torch.save(model.state_dict(), models / "dlrm.pt")
+    tree.save(models / "gbm.txt")
+    (workdir / "ranking_result.json").write_text(json.dumps(result, indent=2))
+    return result

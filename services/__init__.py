@@ -1,0 +1,1 @@
+"""Cascade's online half and its command line."""
