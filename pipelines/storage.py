@@ -7,6 +7,7 @@ group name back to its columns for the dataloader.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -33,12 +34,18 @@ def flatten(columns: Mapping[str, np.ndarray], names: Sequence[str]) -> dict[str
 def write_parquet(
     path: Path, columns: Mapping[str, np.ndarray], row_group_size: int = 262_144,
 ) -> None:
-    """Write columns uncompressed and without dictionaries: the loader's fastest layout."""
+    """Write columns uncompressed and without dictionaries: the loader's fastest layout.
+
+    The file is written beside ``path`` and renamed over it, so a reader that has the old
+    file memory-mapped keeps reading the old file instead of crashing on a truncated one.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     table = pa.table({name: pa.array(values) for name, values in columns.items()})
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     pq.write_table(
-        table, path, row_group_size=row_group_size, compression="none", use_dictionary=False,
+        table, temporary, row_group_size=row_group_size, compression="none", use_dictionary=False,
     )
+    os.replace(temporary, path)
 
 
 def column_names(path: Path, group: str) -> list[str]:

@@ -32,6 +32,7 @@ def train_epochs(
     weight_decay: float = 0.0,
     after_epoch: Callable[[int], dict[str, float]] | None = None,
     keep_best: tuple[torch.nn.Module, str] | None = None,
+    batches_per_epoch: int | None = None,
     quiet: bool = False,
 ) -> list[dict[str, float]]:
     """Run Adam over ``epoch_batches(epoch)``; return one record per epoch (mean loss + extras).
@@ -47,7 +48,7 @@ def train_epochs(
     for epoch in range(epochs):
         total, count = 0.0, 0
         bar = tqdm(epoch_batches(epoch), desc=f"{name} epoch {epoch + 1}/{epochs}", leave=False,
-                   disable=quiet, unit="batch")
+                   total=batches_per_epoch, disable=quiet, unit="batch", mininterval=0.5)
         for batch in bar:
             with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_amp):
                 loss = loss_fn(*batch)

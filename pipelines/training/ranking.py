@@ -69,7 +69,7 @@ def train_dlrm(model: DLRM, workdir: Path, valid: dict[str, np.ndarray], config:
 
     return train_epochs(model.parameters(), lambda _: ((b,) for b in loader), loss,
                         config.dlrm_epochs, config.dlrm_lr, "dlrm", after_epoch=validate,
-                        keep_best=(model, "valid_auc"))
+                        keep_best=(model, "valid_auc"), batches_per_epoch=len(loader))
 
 
 def fit_blend_weight(labels: np.ndarray, dlrm: np.ndarray, tree: np.ndarray) -> float:

@@ -68,7 +68,7 @@ def train_two_tower(model: TwoTower, data: RetrievalData, config: TrainConfig) -
     return train_epochs(
         model.parameters(), lambda _: ((b,) for b in _batches(len(pairs), config.two_tower_batch, generator)),
         loss, config.two_tower_epochs, config.two_tower_lr, "two-tower", after_epoch=validate,
-        keep_best=(model, "valid_recall@20"),
+        keep_best=(model, "valid_recall@20"), batches_per_epoch=-(-len(pairs) // config.two_tower_batch),
     )
 
 
@@ -94,7 +94,7 @@ def train_bpr(data: RetrievalData, config: TrainConfig) -> tuple[BPRMF, list[dic
 
     curve = train_epochs(
         model.parameters(), lambda _: ((b,) for b in _batches(len(pairs), 1024, generator)),
-        loss, config.bpr_epochs, config.bpr_lr, "bpr-mf",
+        loss, config.bpr_epochs, config.bpr_lr, "bpr-mf", batches_per_epoch=-(-len(pairs) // 1024),
     )
     return model, curve
 

@@ -14,14 +14,21 @@ def _smoothed_means(
 ) -> np.ndarray:
     sums = np.bincount(ids, weights=target, minlength=size)
     counts = np.bincount(ids, minlength=size)
-    return ((sums + smoothing * prior) / (counts + smoothing)).astype(np.float32)
+    return _blend(sums, counts, prior, smoothing)
+
+
+def _blend(sums: np.ndarray, counts: np.ndarray, prior: float, smoothing: float) -> np.ndarray:
+    """``(sum + smoothing * prior) / (count + smoothing)``; ids with no weight get the prior."""
+    weight = counts + smoothing
+    means = np.divide(sums + smoothing * prior, weight, out=np.full(len(sums), prior), where=weight > 0)
+    return means.astype(np.float32)
 
 
 class TargetEncode(FeatureOp):
     """Smoothed mean of ``target`` per id.
 
     ``fit_transform`` (training rows) assigns rows to ``folds`` random folds and encodes each
-    fold with statistics of the other folds; ``transform`` (validation, test, serving) uses the
+    fold with statistics (means and the global prior) of the other folds only; ``transform`` (validation, test, serving) uses the
     statistics of all training rows. Unseen ids get the global mean.
     """
 
@@ -67,10 +74,11 @@ class TargetEncode(FeatureOp):
         all_counts = np.bincount(ids, minlength=size)
         for k in range(self.folds):
             inside = fold == k
+            outside = ~inside
+            prior = float(target[outside].mean()) if outside.any() else self.prior
             sums = all_sums - np.bincount(ids[inside], weights=target[inside], minlength=size)
             counts = all_counts - np.bincount(ids[inside], minlength=size)
-            out_of_fold = (sums + self.smoothing * self.prior) / (counts + self.smoothing)
-            out[inside] = out_of_fold[ids[inside]]
+            out[inside] = _blend(sums, counts, prior, self.smoothing)[ids[inside]]
         return {self.outputs[0]: out}
 
     def transform(self, columns: Columns) -> Columns:

@@ -1,0 +1,44 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipelines.evaluation.metrics import auc, logloss, retrieval_metrics
+
+
+def test_recall_and_ndcg_on_a_hand_checked_ranking() -> None:
+    # 1 user, 30 items; scores rank items 0,1,2,... ; item 0 is seen (excluded)
+    scores = -np.arange(30, dtype=np.float32)[None, :]
+    test = np.array([[0, 1], [0, 12], [0, 25]])
+    seen = np.array([[0, 0]])
+    metrics = retrieval_metrics(lambda users: scores[users * 0], test, seen, n_users=1)
+    # ranking after removing item 0: 1,2,...,20 -> item 1 at rank 1, item 12 at rank 12
+    assert metrics["recall@10"] == pytest.approx(1 / 3)
+    assert metrics["recall@20"] == pytest.approx(2 / 3)
+    ideal10 = 1 + 1 / np.log2(3) + 1 / np.log2(4)
+    assert metrics["ndcg@10"] == pytest.approx(1 / ideal10)
+    assert metrics["ndcg@20"] == pytest.approx((1 + 1 / np.log2(13)) / ideal10)
+
+
+def test_users_without_test_positives_are_not_counted() -> None:
+    scores = np.tile(-np.arange(25, dtype=np.float32), (3, 1))
+    metrics = retrieval_metrics(lambda users: scores[users], np.array([[2, 0]]), np.zeros((0, 2), int), n_users=3)
+    assert metrics["recall@10"] == 1.0 and metrics["ndcg@10"] == 1.0
+
+
+def test_auc_matches_pair_counting_with_ties() -> None:
+    labels = np.array([1, 0, 1, 0, 1])
+    scores = np.array([0.9, 0.9, 0.3, 0.1, 0.5])
+    pairs = [(p, n) for p in scores[labels == 1] for n in scores[labels == 0]]
+    expected = np.mean([1.0 if p > n else 0.5 if p == n else 0.0 for p, n in pairs])
+    assert auc(labels, scores) == pytest.approx(expected)
+
+
+def test_auc_needs_both_classes() -> None:
+    with pytest.raises(ValueError, match="both positive and negative"):
+        auc(np.ones(3), np.arange(3))
+
+
+def test_logloss() -> None:
+    assert logloss(np.array([1, 0]), np.array([0.8, 0.2])) == pytest.approx(-np.log(0.8))
+    assert np.isfinite(logloss(np.array([1]), np.array([0.0])))

@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pipelines.errors import ConfigError
+from pipelines.models.dlrm import DLRM
+from pipelines.models.two_tower import ItemTower, QueryTower, TwoTower
+
+
+def test_dlrm_shapes_and_dense_part_matches_full_model() -> None:
+    torch.manual_seed(0)
+    model = DLRM([10, 20, 30], n_dense=5, dim=8)
+    sparse = torch.randint(0, 10, (7, 3))
+    dense = torch.randn(7, 5)
+    logits = model(sparse, dense)
+    assert logits.shape == (7,)
+    torch.testing.assert_close(model.dense_part(dense, model.embed(sparse)), logits)
+
+
+def test_dlrm_rejects_widths_not_a_multiple_of_16_bytes() -> None:
+    with pytest.raises(ConfigError, match="multiple of 16 bytes"):
+        DLRM([10], n_dense=2, dim=6)
+
+
+def _two_tower() -> TwoTower:
+    torch.manual_seed(0)
+    return TwoTower(QueryTower([5, 5], n_items=20), ItemTower([20], n_dense=2), temperature=0.1)
+
+
+def test_towers_give_unit_vectors_and_history_padding_is_ignored() -> None:
+    model = _two_tower()
+    features = torch.tensor([[1, 2], [1, 2]])
+    padded = model.query(features, torch.tensor([[0, 0, 3], [0, 0, 3]]))
+    assert torch.allclose(padded.norm(dim=1), torch.ones(2))
+    longer_padding = model.query(features[:1], torch.tensor([[0, 0, 0, 0, 3]]))
+    torch.testing.assert_close(padded[:1], longer_padding)
+
+
+def test_duplicate_positive_in_batch_is_not_a_negative() -> None:
+    model = _two_tower()
+    users = torch.tensor([[1, 1], [2, 2]])
+    history = torch.zeros(2, 3, dtype=torch.long)
+    items = torch.tensor([[4], [4]])
+    dense = torch.zeros(2, 2)
+    log_q = torch.zeros(2)
+    loss = model.loss(users, history, items, dense, torch.tensor([4, 4]), log_q)
+    assert loss.item() == pytest.approx(0.0, abs=1e-6)  # the only other candidate is masked
+
+
+def test_log_q_correction_lowers_popular_items_less() -> None:
+    model = _two_tower()
+    args = (torch.tensor([[1, 1], [2, 2]]), torch.zeros(2, 3, dtype=torch.long),
+            torch.tensor([[4], [5]]), torch.zeros(2, 2), torch.tensor([4, 5]))
+    uniform = model.loss(*args, torch.log(torch.tensor([0.5, 0.5])))
+    skewed = model.loss(*args, torch.log(torch.tensor([0.99, 0.01])))
+    assert not torch.isclose(uniform, skewed)
