@@ -15,7 +15,7 @@ import ctypes.util
 import queue
 import threading
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -113,9 +113,11 @@ class ParquetBatchLoader:
         wanted = [c for names in self.columns.values() for c in names]
         try:
             for start in range(0, len(order), self.buffer_chunks):
-                chosen = (self.chunks[i] for i in order[start:start + self.buffer_chunks])
-                tables = [file.read_row_group(group, columns=wanted, use_threads=True)
-                          for file, group in chosen]
+                chosen = (self.chunks[i] for i in order[start : start + self.buffer_chunks])
+                tables = [
+                    file.read_row_group(group, columns=wanted, use_threads=True)
+                    for file, group in chosen
+                ]
                 out.put(pa.concat_tables(tables) if len(tables) > 1 else tables[0])
         except BaseException as error:  # handed to the consumer, which re-raises it
             out.put(error)
@@ -128,8 +130,11 @@ class ParquetBatchLoader:
         with warnings.catch_warnings():  # arrow memory is read-only; it is only read here
             warnings.simplefilter("ignore", UserWarning)
             return [
-                torch.from_numpy(np.asarray(
-                    table.column(name).chunk(piece).to_numpy(zero_copy_only=False), dtype=dtype))
+                torch.from_numpy(
+                    np.asarray(
+                        table.column(name).chunk(piece).to_numpy(zero_copy_only=False), dtype=dtype
+                    )
+                )
                 for name in self.columns[out]
             ]
 
@@ -145,19 +150,24 @@ class ParquetBatchLoader:
         sizes = [len(first.chunk(i)) for i in range(first.num_chunks)]
         runs = [size // block for size in sizes]
         total_runs = sum(runs)
-        slots = (torch.randperm(total_runs, generator=generator) if generator is not None
-                 else torch.arange(total_runs))
+        slots = (
+            torch.randperm(total_runs, generator=generator)
+            if generator is not None
+            else torch.arange(total_runs)
+        )
         buffer = {}
         for out, names in self.columns.items():
             matrix = torch.empty((len(names), table.num_rows), dtype=self.dtypes[out])
-            body = matrix[:, :total_runs * block]
+            body = matrix[:, : total_runs * block]
             slot_at, tail_at = 0, total_runs * block
             for piece, (size, n_runs) in enumerate(zip(sizes, runs, strict=True)):
                 whole = n_runs * block
-                destination = slots[slot_at:slot_at + n_runs]
+                destination = slots[slot_at : slot_at + n_runs]
                 for j, column in enumerate(self._columns(table, out, piece)):
-                    body[j].view(-1, block).index_copy_(0, destination, column[:whole].view(-1, block))
-                    matrix[j, tail_at:tail_at + size - whole] = column[whole:]
+                    body[j].view(-1, block).index_copy_(
+                        0, destination, column[:whole].view(-1, block)
+                    )
+                    matrix[j, tail_at : tail_at + size - whole] = column[whole:]
                 slot_at += n_runs
                 tail_at += size - whole
             buffer[out] = matrix
@@ -189,7 +199,7 @@ class ParquetBatchLoader:
                 except queue.Empty:
                     reader.join(timeout=0.01)
 
-    def _batches(self, buffer: Batch, carry: Batch | None) -> Iterator[Batch]:
+    def _batches(self, buffer: Batch, carry: Batch | None) -> Generator[Batch, None, Batch | None]:
         """Yield full batches of ``buffer`` (after completing ``carry``); return the rest."""
         rows = next(iter(buffer.values())).shape[1]
         offset = 0
@@ -202,5 +212,5 @@ class ParquetBatchLoader:
             yield {k: v.T for k, v in carry.items()}
         full = offset + (rows - offset) // self.batch_size * self.batch_size
         for start in range(offset, full, self.batch_size):
-            yield {k: v[:, start:start + self.batch_size].T for k, v in buffer.items()}
+            yield {k: v[:, start : start + self.batch_size].T for k, v in buffer.items()}
         return {k: v[:, full:] for k, v in buffer.items()} if full < rows else None

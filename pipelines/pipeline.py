@@ -62,10 +62,14 @@ def run_pipeline(
         log(f"== {step}")
         if step == "prepare":
             raw = load_dataset(dataset, config.seed, synthetic_size)
-            log(f"{raw.name}: {len(raw.users)} users, {len(raw.items)} items, "
-                f"{len(raw.interactions)} interactions")
+            log(
+                f"{raw.name}: {len(raw.users)} users, {len(raw.items)} items, "
+                f"{len(raw.interactions)} interactions"
+            )
             prepare(raw, workdir, seed=config.seed, history_length=config.history_length)
-            (workdir / DATASET_INFO).write_text(json.dumps({"dataset": raw.name, "data_hash": raw.content_hash()}))
+            (workdir / DATASET_INFO).write_text(
+                json.dumps({"dataset": raw.name, "data_hash": raw.content_hash()})
+            )
         elif step == "retrieval":
             run_retrieval(workdir, config)
         elif step == "ranking":

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -41,27 +42,37 @@ SPLITS = ("train", "valid", "test")
 class RetrievalData:
     """Tower inputs indexed by catalog position (users table order, items table order)."""
 
-    user_ids: np.ndarray        # [n_users] raw ids
-    item_ids: np.ndarray        # [n_items] raw ids
-    user_features: np.ndarray   # [n_users, len(USER_TOWER_COLUMNS)] int64
-    history: np.ndarray         # [n_users, history_length] item_id_idx, 0 = padding
-    item_features: np.ndarray   # [n_items, len(ITEM_TOWER_COLUMNS)] int64
-    item_dense: np.ndarray      # [n_items, n_genres + 1] float32
-    item_log_q: np.ndarray      # [n_items] log sampling probability of each item as a positive
+    user_ids: np.ndarray  # [n_users] raw ids
+    item_ids: np.ndarray  # [n_items] raw ids
+    user_features: np.ndarray  # [n_users, len(USER_TOWER_COLUMNS)] int64
+    history: np.ndarray  # [n_users, history_length] item_id_idx, 0 = padding
+    item_features: np.ndarray  # [n_items, len(ITEM_TOWER_COLUMNS)] int64
+    item_dense: np.ndarray  # [n_items, n_genres + 1] float32
+    item_log_q: np.ndarray  # [n_items] log sampling probability of each item as a positive
     positives: dict[str, np.ndarray]  # split -> [n, 2] (user position, item position)
 
     def save(self, path: Path) -> None:
-        np.savez(path, user_ids=self.user_ids, item_ids=self.item_ids,
-                 user_features=self.user_features, history=self.history,
-                 item_features=self.item_features, item_dense=self.item_dense,
-                 item_log_q=self.item_log_q,
-                 **{f"positives_{k}": v for k, v in self.positives.items()})
+        arrays: dict[str, Any] = {
+            "user_ids": self.user_ids,
+            "item_ids": self.item_ids,
+            "user_features": self.user_features,
+            "history": self.history,
+            "item_features": self.item_features,
+            "item_dense": self.item_dense,
+            "item_log_q": self.item_log_q,
+            **{f"positives_{k}": v for k, v in self.positives.items()},
+        }
+        np.savez(path, **arrays)
 
     @classmethod
     def load(cls, path: Path) -> RetrievalData:
         with np.load(path, allow_pickle=False) as saved:
             fields = {k: saved[k] for k in saved.files}
-        positives = {k[len("positives_"):]: fields.pop(k) for k in list(fields) if k.startswith("positives_")}
+        positives = {
+            k[len("positives_") :]: fields.pop(k)
+            for k in list(fields)
+            if k.startswith("positives_")
+        }
         return cls(positives=positives, **fields)
 
 
@@ -82,7 +93,7 @@ def user_tower_inputs(workflow: Workflow, users: pd.DataFrame) -> np.ndarray:
 
 
 def item_tower_inputs(workflow: Workflow, items: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """Item ids ``[n, len(ITEM_TOWER_COLUMNS)]`` and dense ``[n, n_genres + 1]`` for raw item rows."""
+    """Item ids ``[n, len(ITEM_TOWER_COLUMNS)]`` and dense ``[n, n_genres + 1]`` of raw items."""
     raw = {c: items[c].to_numpy() for c in ("item_id", *ITEM_ATTRIBUTES)}
     encoded = workflow.transform(raw, partial=True)
     features = np.stack([encoded[c] for c in ITEM_TOWER_COLUMNS], axis=1)
@@ -93,12 +104,20 @@ def item_tower_inputs(workflow: Workflow, items: pd.DataFrame) -> tuple[np.ndarr
 def recent_history(
     workflow: Workflow, interactions: pd.DataFrame, user_ids: np.ndarray, length: int
 ) -> np.ndarray:
-    """Each user's last ``length`` positive items (newest last) as item_id_idx, 0-padded on the left."""
-    positives = interactions[interactions["rating"] >= POSITIVE_RATING].sort_values(["user_id", "timestamp"])
-    item_idx = workflow.transform({"item_id": positives["item_id"].to_numpy()}, partial=True)["item_id_idx"]
+    """Each user's last ``length`` positives (newest last) as item_id_idx, left-padded with 0."""
+    positives = interactions[interactions["rating"] >= POSITIVE_RATING].sort_values(
+        ["user_id", "timestamp"]
+    )
+    item_idx = workflow.transform({"item_id": positives["item_id"].to_numpy()}, partial=True)[
+        "item_id_idx"
+    ]
     users = positives["user_id"].to_numpy()
     # rank of each row from the end of its user's run: keep the last ``length``
-    run_end = np.r_[np.flatnonzero(users[1:] != users[:-1]), len(users) - 1] if len(users) else np.array([], int)
+    run_end = (
+        np.r_[np.flatnonzero(users[1:] != users[:-1]), len(users) - 1]
+        if len(users)
+        else np.array([], int)
+    )
     run_id = np.repeat(np.arange(len(run_end)), np.diff(np.r_[-1, run_end]))
     from_end = run_end[run_id] - np.arange(len(users)) if len(users) else np.array([], int)
     keep = from_end < length
@@ -108,7 +127,9 @@ def recent_history(
     return history
 
 
-def prepare(dataset: RawDataset, workdir: Path, seed: int = 0, history_length: int = 20) -> Workflow:
+def prepare(
+    dataset: RawDataset, workdir: Path, seed: int = 0, history_length: int = 20
+) -> Workflow:
     """Split, fit the workflow on the training rows, and write every model's inputs."""
     workdir.mkdir(parents=True, exist_ok=True)
     users = AttributeTable(dataset.users, "user_id", USER_ATTRIBUTES)
@@ -117,9 +138,11 @@ def prepare(dataset: RawDataset, workdir: Path, seed: int = 0, history_length: i
     split = random_split(len(dataset.interactions), seed)
 
     workflow = default_workflow(seed=seed)
-    encoded = {"train": workflow.fit_transform(_take(rows, split.train)),
-               "valid": workflow.transform(_take(rows, split.valid)),
-               "test": workflow.transform(_take(rows, split.test))}
+    encoded = {
+        "train": workflow.fit_transform(_take(rows, split.train)),
+        "valid": workflow.transform(_take(rows, split.valid)),
+        "test": workflow.transform(_take(rows, split.test)),
+    }
     workflow.save(workdir / "workflow")
 
     rng = np.random.default_rng(seed)
@@ -127,8 +150,11 @@ def prepare(dataset: RawDataset, workdir: Path, seed: int = 0, history_length: i
         kept = np.flatnonzero(columns["rating"] != POSITIVE_RATING)
         if name == "train":
             kept = rng.permutation(kept)
-        write_parquet(workdir / f"ranking_{name}.parquet", flatten(_take(columns, kept), RANKING_COLUMNS),
-                      row_group_size=65_536)
+        write_parquet(
+            workdir / f"ranking_{name}.parquet",
+            flatten(_take(columns, kept), RANKING_COLUMNS),
+            row_group_size=65_536,
+        )
 
     train_interactions = dataset.interactions.iloc[split.train]
     user_ids = dataset.users["user_id"].to_numpy()
@@ -138,14 +164,21 @@ def prepare(dataset: RawDataset, workdir: Path, seed: int = 0, history_length: i
     for name, part in zip(SPLITS, (split.train, split.valid, split.test), strict=True):
         chosen = dataset.interactions.iloc[part]
         chosen = chosen[chosen["rating"] >= POSITIVE_RATING]
-        positives[name] = np.stack([_positions(chosen["user_id"].to_numpy(), user_ids),
-                                    _positions(chosen["item_id"].to_numpy(), item_ids)], axis=1)
+        positives[name] = np.stack(
+            [
+                _positions(chosen["user_id"].to_numpy(), user_ids),
+                _positions(chosen["item_id"].to_numpy(), item_ids),
+            ],
+            axis=1,
+        )
     counts = np.bincount(positives["train"][:, 1], minlength=len(item_ids)) + 1.0
     RetrievalData(
-        user_ids=user_ids, item_ids=item_ids,
+        user_ids=user_ids,
+        item_ids=item_ids,
         user_features=user_tower_inputs(workflow, dataset.users),
         history=recent_history(workflow, train_interactions, user_ids, history_length),
-        item_features=item_features, item_dense=item_dense,
+        item_features=item_features,
+        item_dense=item_dense,
         item_log_q=np.log(counts / counts.sum()).astype(np.float32),
         positives=positives,
     ).save(workdir / "retrieval.npz")

@@ -15,7 +15,7 @@ import pandas as pd
 from pipelines.errors import ConfigError
 
 POSITIVE_RATING = 3.0  # retrieval: rating >= 3 is a positive
-LIKED_RATING = 4.0     # ranking: label = rating >= 4, rows with rating == 3 dropped
+LIKED_RATING = 4.0  # ranking: label = rating >= 4, rows with rating == 3 dropped
 
 
 @dataclass(frozen=True)
@@ -27,17 +27,21 @@ class Split:
     test: np.ndarray
 
 
-def random_split(n_rows: int, seed: int, fractions: tuple[float, float, float] = (0.8, 0.1, 0.1)) -> Split:
+def random_split(
+    n_rows: int, seed: int, fractions: tuple[float, float, float] = (0.8, 0.1, 0.1)
+) -> Split:
     """Shuffle row positions with ``seed`` and cut them by ``fractions``."""
     if len(fractions) != 3 or any(f < 0 for f in fractions) or abs(sum(fractions) - 1) > 1e-9:
-        raise ConfigError(f"split fractions must be three non-negative numbers summing to 1, got {fractions}")
+        raise ConfigError(
+            f"split fractions must be three non-negative numbers summing to 1, got {fractions}"
+        )
     order = np.random.default_rng(seed).permutation(n_rows)
-    n_train = int(round(fractions[0] * n_rows))
-    n_valid = int(round(fractions[1] * n_rows))
+    n_train = round(fractions[0] * n_rows)
+    n_valid = round(fractions[1] * n_rows)
     return Split(
         train=np.sort(order[:n_train]),
-        valid=np.sort(order[n_train:n_train + n_valid]),
-        test=np.sort(order[n_train + n_valid:]),
+        valid=np.sort(order[n_train : n_train + n_valid]),
+        test=np.sort(order[n_train + n_valid :]),
     )
 
 

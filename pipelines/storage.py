@@ -32,7 +32,9 @@ def flatten(columns: Mapping[str, np.ndarray], names: Sequence[str]) -> dict[str
 
 
 def write_parquet(
-    path: Path, columns: Mapping[str, np.ndarray], row_group_size: int = 262_144,
+    path: Path,
+    columns: Mapping[str, np.ndarray],
+    row_group_size: int = 262_144,
 ) -> None:
     """Write columns uncompressed and without dictionaries: the loader's fastest layout.
 
@@ -43,7 +45,11 @@ def write_parquet(
     table = pa.table({name: pa.array(values) for name, values in columns.items()})
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     pq.write_table(
-        table, temporary, row_group_size=row_group_size, compression="none", use_dictionary=False,
+        table,
+        temporary,
+        row_group_size=row_group_size,
+        compression="none",
+        use_dictionary=False,
     )
     os.replace(temporary, path)
 
@@ -53,10 +59,10 @@ def column_names(path: Path, group: str) -> list[str]:
     names = pq.ParquetFile(path).schema_arrow.names
     if group in names:
         return [group]
-    numbered = [n for n in names if n.startswith(f"{group}_") and n[len(group) + 1:].isdigit()]
+    numbered = [n for n in names if n.startswith(f"{group}_") and n[len(group) + 1 :].isdigit()]
     if not numbered:
         raise KeyError(f"{path} has no column or column group {group!r}")
-    return sorted(numbered, key=lambda n: int(n[len(group) + 1:]))
+    return sorted(numbered, key=lambda n: int(n[len(group) + 1 :]))
 
 
 def read_columns(path: Path, names: Sequence[str]) -> Columns:

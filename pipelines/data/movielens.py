@@ -22,10 +22,19 @@ _MISSING_YEAR = {"", "unknown", "unkonwn"}  # the shipped file spells it "unkonw
 _YEAR_IN_TITLE = re.compile(r"\((\d{4})\)\s*$")
 
 _HEADERS = {
-    "ml-100k.user": ["user_id:token", "age:token", "gender:token", "occupation:token",
-                     "zip_code:token"],
-    "ml-100k.item": ["item_id:token", "movie_title:token_seq", "release_year:token",
-                     "class:token_seq"],
+    "ml-100k.user": [
+        "user_id:token",
+        "age:token",
+        "gender:token",
+        "occupation:token",
+        "zip_code:token",
+    ],
+    "ml-100k.item": [
+        "item_id:token",
+        "movie_title:token_seq",
+        "release_year:token",
+        "class:token_seq",
+    ],
     "ml-100k.inter": ["user_id:token", "item_id:token", "rating:float", "timestamp:float"],
 }
 
@@ -58,18 +67,22 @@ def _rows(path: Path) -> Iterator[tuple[int, list[str]]]:
             fields = line.split("\t")
             if len(fields) != len(expected):
                 raise DataError(
-                    path, f"expected {len(expected)} tab-separated fields, found {len(fields)}",
+                    path,
+                    f"expected {len(expected)} tab-separated fields, found {len(fields)}",
                     line=number,
                 )
             yield number, fields
 
 
-def _parse(path: Path, field: str, value: str, number: int, cast: Callable[[str], object]) -> object:
+def _parse(
+    path: Path, field: str, value: str, number: int, cast: Callable[[str], object]
+) -> object:
     try:
         return cast(value)
     except ValueError:
-        raise DataError(path, f"{field} {value!r} is not a valid {cast.__name__}", line=number) \
-            from None
+        raise DataError(
+            path, f"{field} {value!r} is not a valid {cast.__name__}", line=number
+        ) from None
 
 
 def _read_users(path: Path) -> pd.DataFrame:
@@ -113,12 +126,14 @@ def _read_interactions(path: Path) -> pd.DataFrame:
             raise DataError(path, f"rating {f[2]!r} is outside 1..5", line=n)
         columns[2].append(rating)
         columns[3].append(_parse(path, "timestamp", f[3], n, float))
-    return pd.DataFrame({
-        "user_id": np.asarray(columns[0], dtype=np.int64),
-        "item_id": np.asarray(columns[1], dtype=np.int64),
-        "rating": np.asarray(columns[2], dtype=np.float32),
-        "timestamp": np.asarray(columns[3], dtype=np.float64).astype(np.int64),
-    })
+    return pd.DataFrame(
+        {
+            "user_id": np.asarray(columns[0], dtype=np.int64),
+            "item_id": np.asarray(columns[1], dtype=np.int64),
+            "rating": np.asarray(columns[2], dtype=np.float32),
+            "timestamp": np.asarray(columns[3], dtype=np.float64).astype(np.int64),
+        }
+    )
 
 
 def load_movielens_100k(directory: Path | None = None) -> RawDataset:

@@ -14,7 +14,7 @@ def group_positives(pairs: np.ndarray, n_users: int) -> list[np.ndarray]:
     order = np.lexsort((pairs[:, 1], pairs[:, 0]))
     users, items = pairs[order, 0], pairs[order, 1]
     bounds = np.searchsorted(users, np.arange(n_users + 1))
-    return [items[bounds[u]:bounds[u + 1]] for u in range(n_users)]
+    return [items[bounds[u] : bounds[u + 1]] for u in range(n_users)]
 
 
 def retrieval_metrics(
@@ -40,7 +40,7 @@ def retrieval_metrics(
     discounts = 1.0 / np.log2(np.arange(2, k_max + 2))
     totals = {f"{m}@{k}": 0.0 for k in ks for m in ("recall", "ndcg")}
     for start in range(0, len(users), batch):
-        chunk = users[start:start + batch]
+        chunk = users[start : start + batch]
         scores = np.array(score_users(chunk), dtype=np.float32, copy=True)
         for row, u in enumerate(chunk):
             scores[row, seen_by_user[u]] = -np.inf
@@ -49,7 +49,7 @@ def retrieval_metrics(
         for row, u in enumerate(chunk):
             hits = np.isin(top[row], truth[u])
             for k in ks:
-                ideal = discounts[:min(len(truth[u]), k)].sum()
+                ideal = discounts[: min(len(truth[u]), k)].sum()
                 totals[f"recall@{k}"] += hits[:k].sum() / len(truth[u])
                 totals[f"ndcg@{k}"] += (hits[:k] * discounts[:k]).sum() / ideal
     return {name: value / max(len(users), 1) for name, value in totals.items()}

@@ -9,7 +9,7 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 
 def _curves_plot(curves: dict[str, list[dict[str, float]]], path: Path) -> None:
@@ -44,8 +44,10 @@ def _table_plot(title: str, metrics: dict[str, dict[str, float]], path: Path) ->
 
 def lift_over(metrics: dict[str, dict[str, float]], model: str, baseline: str) -> dict[str, float]:
     """``model / baseline`` for every metric (how far a model beats a baseline)."""
-    return {k: metrics[model][k] / metrics[baseline][k] if metrics[baseline][k] else float("inf")
-            for k in metrics[model]}
+    return {
+        k: metrics[model][k] / metrics[baseline][k] if metrics[baseline][k] else float("inf")
+        for k in metrics[model]
+    }
 
 
 def write_report(
@@ -54,12 +56,18 @@ def write_report(
     """Write ``report.json`` and the plots into ``directory``; return the report's path."""
     directory.mkdir(parents=True, exist_ok=True)
     plots = {
-        "retrieval_curves": "retrieval_curves.png", "ranking_curves": "ranking_curves.png",
-        "retrieval_metrics": "retrieval_metrics.png", "ranking_metrics": "ranking_metrics.png",
+        "retrieval_curves": "retrieval_curves.png",
+        "ranking_curves": "ranking_curves.png",
+        "retrieval_metrics": "retrieval_metrics.png",
+        "ranking_metrics": "ranking_metrics.png",
     }
     _curves_plot(retrieval["curves"], directory / plots["retrieval_curves"])
     _curves_plot(ranking["curves"], directory / plots["ranking_curves"])
-    _table_plot("Retrieval (test, full ranking)", retrieval["metrics"], directory / plots["retrieval_metrics"])
+    _table_plot(
+        "Retrieval (test, full ranking)",
+        retrieval["metrics"],
+        directory / plots["retrieval_metrics"],
+    )
     _table_plot("Ranking (test)", ranking["metrics"], directory / plots["ranking_metrics"])
     report = {
         **info,

@@ -33,21 +33,36 @@ def _write_ranker(model_dir: Path, workdir: Path, workflow: Workflow, config: Tr
     dlrm.eval()
     tables = model_dir / "embeddings"
     tables.mkdir()
-    for column, table in zip(SPARSE_COLUMNS, dlrm.tables, strict=True):
-        np.save(tables / f"{column}.npy", table.weight.detach().numpy().astype(np.float32))
-    (tables / "tables.json").write_text(json.dumps({
-        "columns": list(SPARSE_COLUMNS), "dim": config.dlrm_dim,
-        "rows": {c: int(t.num_embeddings) for c, t in zip(SPARSE_COLUMNS, dlrm.tables, strict=True)},
-    }, indent=2))
+    weights = dlrm.table_weights()
+    for column, weight in zip(SPARSE_COLUMNS, weights, strict=True):
+        np.save(tables / f"{column}.npy", weight.detach().numpy().astype(np.float32))
+    (tables / "tables.json").write_text(
+        json.dumps(
+            {
+                "columns": list(SPARSE_COLUMNS),
+                "dim": config.dlrm_dim,
+                "rows": {c: int(w.shape[0]) for c, w in zip(SPARSE_COLUMNS, weights, strict=True)},
+            },
+            indent=2,
+        )
+    )
     with torch.no_grad():
         embedded = dlrm.embed(torch.from_numpy(valid["sparse"][:64])).numpy()
-    difference = export_dlrm_dense(dlrm.dense_part, valid["dense"], embedded, model_dir / "dlrm_dense.onnx")
+    difference = export_dlrm_dense(
+        dlrm.dense_part, valid["dense"], embedded, model_dir / "dlrm_dense.onnx"
+    )
     shutil.copy(workdir / "models" / "gbm.txt", model_dir / "gbm.txt")
     ranking = json.loads((workdir / "ranking_result.json").read_text())
-    (model_dir / "blend.json").write_text(json.dumps({
-        "dlrm_weight": ranking["blend_weight"], "tree_categorical": list(TREE_CATEGORICAL),
-        "sparse_columns": list(SPARSE_COLUMNS),
-    }, indent=2))
+    (model_dir / "blend.json").write_text(
+        json.dumps(
+            {
+                "dlrm_weight": ranking["blend_weight"],
+                "tree_categorical": list(TREE_CATEGORICAL),
+                "sparse_columns": list(SPARSE_COLUMNS),
+            },
+            indent=2,
+        )
+    )
     return difference
 
 
@@ -59,10 +74,13 @@ def run_export(workdir: Path, root: Path, config: TrainConfig, info: dict[str, A
     version = writer.claim()
     try:
         two_tower = build_two_tower(workflow, data.item_dense.shape[1], config)
-        two_tower.load_state_dict(torch.load(workdir / "models" / "two_tower.pt", weights_only=True))
+        two_tower.load_state_dict(
+            torch.load(workdir / "models" / "two_tower.pt", weights_only=True)
+        )
         staged = writer.staging(QUERY_TOWER)
-        query_difference = export_query_tower(two_tower.query, data.user_features, data.history,
-                                              staged / "model.onnx")
+        query_difference = export_query_tower(
+            two_tower.query, data.user_features, data.history, staged / "model.onnx"
+        )
         writer.publish(QUERY_TOWER, staged)
 
         staged = writer.staging(RANKER)
@@ -78,18 +96,32 @@ def run_export(workdir: Path, root: Path, config: TrainConfig, info: dict[str, A
         np.save(release / "item_ids.npy", data.item_ids)
         counts = np.load(workdir / "models" / "popularity.npy")
         order = np.argsort(-counts, kind="stable")
-        (release / "popularity.json").write_text(json.dumps({
-            "item_ids": data.item_ids[order].tolist(), "counts": counts[order].tolist(),
-        }))
+        (release / "popularity.json").write_text(
+            json.dumps(
+                {
+                    "item_ids": data.item_ids[order].tolist(),
+                    "counts": counts[order].tolist(),
+                }
+            )
+        )
         shutil.copytree(workdir / "workflow", release / "workflow")
-        return writer.finish({
-            **info,
-            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "models": {QUERY_TOWER: version, RANKER: version},
-            "index": {"kind": index_kind(index), "items": int(index.ntotal), "dim": int(index.d)},
-            "onnx_max_abs_difference": {QUERY_TOWER: query_difference, "dlrm_dense": dlrm_difference},
-            "config": config.model_dump(),
-        })
+        return writer.finish(
+            {
+                **info,
+                "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "models": {QUERY_TOWER: version, RANKER: version},
+                "index": {
+                    "kind": index_kind(index),
+                    "items": int(index.ntotal),
+                    "dim": int(index.d),
+                },
+                "onnx_max_abs_difference": {
+                    QUERY_TOWER: query_difference,
+                    "dlrm_dense": dlrm_difference,
+                },
+                "config": config.model_dump(),
+            }
+        )
     except BaseException:
         writer.abandon()
         raise

@@ -22,9 +22,9 @@ def build_index(embeddings: np.ndarray, seed: int = 0) -> faiss.Index:
     vectors = np.ascontiguousarray(embeddings, dtype=np.float32)
     n, dim = vectors.shape
     if n <= FLAT_LIMIT:
-        index = faiss.IndexFlatIP(dim)
-        index.add(vectors)
-        return index
+        flat = faiss.IndexFlatIP(dim)
+        flat.add(vectors)
+        return flat
     lists = int(4 * math.sqrt(n))
     quantizer = faiss.IndexFlatIP(dim)
     index = faiss.IndexIVFFlat(quantizer, dim, lists, faiss.METRIC_INNER_PRODUCT)

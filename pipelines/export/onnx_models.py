@@ -16,33 +16,52 @@ OPSET = 17
 TOLERANCE = 1e-4
 
 
-def _export(module: torch.nn.Module, inputs: dict[str, torch.Tensor], outputs: list[str], path: Path) -> None:
+def _export(
+    module: torch.nn.Module, inputs: dict[str, torch.Tensor], outputs: list[str], path: Path
+) -> None:
     module.eval()
     axes = {name: {0: "batch"} for name in [*inputs, *outputs]}
-    torch.onnx.export(module, tuple(inputs.values()), str(path), input_names=list(inputs),
-                      output_names=outputs, dynamic_axes=axes, opset_version=OPSET, dynamo=False)
+    torch.onnx.export(
+        module,
+        tuple(inputs.values()),
+        str(path),
+        input_names=list(inputs),
+        output_names=outputs,
+        dynamic_axes=axes,
+        opset_version=OPSET,
+        dynamo=False,
+    )
 
 
 def check_onnx(module: torch.nn.Module, path: Path, inputs: dict[str, torch.Tensor]) -> float:
-    """Max absolute difference between ONNX Runtime and torch on ``inputs``; raises above tolerance."""
+    """Max abs difference of ONNX Runtime vs torch on ``inputs``; raises above the tolerance."""
     with torch.no_grad():
         expected = module(*inputs.values()).numpy()
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     got = session.run(None, {k: v.numpy() for k, v in inputs.items()})[0]
     difference = float(np.max(np.abs(got - expected))) if expected.size else 0.0
     if not np.isfinite(difference) or difference > TOLERANCE:
-        raise ArtifactError(f"{path}: ONNX output differs from torch by {difference:.2e} (> {TOLERANCE})")
+        raise ArtifactError(
+            f"{path}: ONNX output differs from torch by {difference:.2e} (> {TOLERANCE})"
+        )
     return difference
 
 
-def export_query_tower(tower: QueryTower, user_features: np.ndarray, history: np.ndarray, path: Path) -> float:
+def export_query_tower(
+    tower: QueryTower, user_features: np.ndarray, history: np.ndarray, path: Path
+) -> float:
     """Write ``model.onnx`` (inputs ``user_features``, ``history``; output ``embedding``)."""
-    sample = {"user_features": torch.from_numpy(user_features[:64]), "history": torch.from_numpy(history[:64])}
+    sample = {
+        "user_features": torch.from_numpy(user_features[:64]),
+        "history": torch.from_numpy(history[:64]),
+    }
     _export(tower, sample, ["embedding"], path)
     return check_onnx(tower, path, sample)
 
 
-def export_dlrm_dense(dense_part: DLRMDense, dense: np.ndarray, embedded: np.ndarray, path: Path) -> float:
+def export_dlrm_dense(
+    dense_part: DLRMDense, dense: np.ndarray, embedded: np.ndarray, path: Path
+) -> float:
     """Write the DLRM dense part (inputs ``dense``, ``embedded``; output ``logit``)."""
     sample = {"dense": torch.from_numpy(dense[:64]), "embedded": torch.from_numpy(embedded[:64])}
     _export(dense_part, sample, ["logit"], path)

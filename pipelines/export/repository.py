@@ -42,7 +42,9 @@ def next_version(root: Path) -> int:
 
 def latest_version(root: Path) -> int | None:
     """The newest version with a manifest, or None."""
-    complete = [v for v in _versions(root / "releases") if (root / "releases" / str(v) / MANIFEST).is_file()]
+    complete = [
+        v for v in _versions(root / "releases") if (root / "releases" / str(v) / MANIFEST).is_file()
+    ]
     return max(complete, default=None)
 
 
@@ -110,5 +112,7 @@ class VersionWriter:
         """Remove what this (failed) export published; earlier versions are untouched."""
         for path in [*self.published, *([self.release] if self.release else [])]:
             shutil.rmtree(path, ignore_errors=True)
-        for staged in (self.root / "model_repository").glob(f"*/.staging-{self.version}-{os.getpid()}"):
+        for staged in (self.root / "model_repository").glob(
+            f"*/.staging-{self.version}-{os.getpid()}"
+        ):
             shutil.rmtree(staged, ignore_errors=True)

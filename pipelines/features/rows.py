@@ -36,7 +36,9 @@ class AttributeTable:
             if values.dtype.kind == "f":
                 out[name] = np.where(found, picked, np.nan)
             else:
-                out[name] = np.where(found, picked, None).astype(object)
+                picked = picked.astype(object)
+                picked[~found] = None
+                out[name] = picked
         return out
 
 
@@ -58,11 +60,15 @@ def join_rows(
     return columns
 
 
-def labelled_rows(interactions: pd.DataFrame, users: AttributeTable, items: AttributeTable) -> Columns:
+def labelled_rows(
+    interactions: pd.DataFrame, users: AttributeTable, items: AttributeTable
+) -> Columns:
     """Offline rows with ``rating`` and the ranking ``label`` (rating >= 4)."""
     columns = join_rows(
-        users, items,
-        interactions["user_id"].to_numpy(), interactions["item_id"].to_numpy(),
+        users,
+        items,
+        interactions["user_id"].to_numpy(),
+        interactions["item_id"].to_numpy(),
         interactions["timestamp"].to_numpy(),
     )
     rating = interactions["rating"].to_numpy(dtype=np.float32)

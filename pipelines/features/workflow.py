@@ -62,7 +62,9 @@ class Workflow:
             "ops": [{"kind": op.kind, "config": op.config()} for op in self.ops],
         }
         arrays = {
-            f"{i}/{name}": value for i, op in enumerate(self.ops) for name, value in op.arrays().items()
+            f"{i}/{name}": value
+            for i, op in enumerate(self.ops)
+            for name, value in op.arrays().items()
         }
         np.savez(directory / "arrays.npz", **arrays)  # type: ignore[arg-type]
         (directory / "workflow.json").write_text(json.dumps(spec, indent=2))
@@ -79,7 +81,8 @@ class Workflow:
             raise ArtifactError(f"{spec_path}: not valid JSON ({error})") from None
         if spec.get("format_version") != FORMAT_VERSION:
             raise ArtifactError(
-                f"{spec_path}: format_version {spec.get('format_version')!r}, expected {FORMAT_VERSION}"
+                f"{spec_path}: format_version {spec.get('format_version')!r}, "
+                f"expected {FORMAT_VERSION}"
             )
         with np.load(directory / "arrays.npz", allow_pickle=False) as saved:
             stored = {key: saved[key] for key in saved.files}
@@ -89,6 +92,6 @@ class Workflow:
                 raise ArtifactError(f"{spec_path}: unknown op kind {entry['kind']!r}")
             op = REGISTRY[entry["kind"]](**entry["config"])
             prefix = f"{i}/"
-            op.load_arrays({k[len(prefix):]: v for k, v in stored.items() if k.startswith(prefix)})
+            op.load_arrays({k[len(prefix) :]: v for k, v in stored.items() if k.startswith(prefix)})
             ops.append(op)
         return cls(ops)

@@ -17,8 +17,13 @@ class BPRMF(nn.Module):
         nn.init.normal_(self.users.weight, std=0.1)
         nn.init.normal_(self.items.weight, std=0.1)
 
-    def loss(self, users: torch.Tensor, positives: torch.Tensor, negatives: torch.Tensor,
-             l2: float = 1e-4) -> torch.Tensor:
+    def loss(
+        self,
+        users: torch.Tensor,
+        positives: torch.Tensor,
+        negatives: torch.Tensor,
+        l2: float = 1e-4,
+    ) -> torch.Tensor:
         """BPR loss: the positive should outscore a random negative, plus L2 on used factors."""
         u, p, n = self.users(users), self.items(positives), self.items(negatives)
         margin = (u * p).sum(-1) - (u * n).sum(-1)

@@ -15,9 +15,13 @@ FLOAT32_BYTES = 4
 
 
 class DLRMDense(nn.Module):
-    """Everything after the embedding lookup: ``(dense [B, n_dense], embedded [B, T, D]) -> logit [B]``."""
+    """After the embedding lookup: ``(dense [B, n_dense], embedded [B, T, D]) -> logit [B]``."""
 
-    def __init__(self, n_dense: int, n_tables: int, dim: int, bottom: list[int], top: list[int]) -> None:
+    pair_index: torch.Tensor
+
+    def __init__(
+        self, n_dense: int, n_tables: int, dim: int, bottom: list[int], top: list[int]
+    ) -> None:
         super().__init__()
         self.bottom = nn.Sequential(_mlp([n_dense, *bottom, dim]), nn.ReLU())
         n_vectors = n_tables + 1
@@ -38,16 +42,28 @@ class DLRM(nn.Module):
     """Embedding tables (widths a multiple of 16 bytes) plus ``DLRMDense``."""
 
     def __init__(
-        self, cardinalities: list[int], n_dense: int, dim: int = 16,
-        bottom: tuple[int, ...] = (64,), top: tuple[int, ...] = (128, 64),
+        self,
+        cardinalities: list[int],
+        n_dense: int,
+        dim: int = 16,
+        bottom: tuple[int, ...] = (64,),
+        top: tuple[int, ...] = (128, 64),
     ) -> None:
         super().__init__()
         if (dim * FLOAT32_BYTES) % 16:
-            raise ConfigError(f"embedding dim {dim} is not a multiple of 16 bytes of float32 (use a multiple of 4)")
-        self.tables = nn.ModuleList(nn.Embedding(n, dim) for n in cardinalities)
-        for table in self.tables:
+            raise ConfigError(
+                f"embedding dim {dim} is not a multiple of 16 bytes of float32 "
+                "(use a multiple of 4)"
+            )
+        tables = [nn.Embedding(n, dim) for n in cardinalities]
+        for table in tables:
             nn.init.uniform_(table.weight, -0.05, 0.05)
+        self.tables = nn.ModuleList(tables)
         self.dense_part = DLRMDense(n_dense, len(cardinalities), dim, list(bottom), list(top))
+
+    def table_weights(self) -> list[torch.Tensor]:
+        """The embedding tables' weights, in sparse-column order."""
+        return [table.weight for table in self.tables]  # type: ignore[misc]
 
     def embed(self, sparse: torch.Tensor) -> torch.Tensor:
         """``sparse [B, T]`` ids -> ``[B, T, D]`` embedding rows."""

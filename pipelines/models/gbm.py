@@ -15,21 +15,40 @@ class TreeRanker:
         self.booster = booster
 
     def fit(
-        self, train_x: np.ndarray, train_y: np.ndarray, valid_x: np.ndarray, valid_y: np.ndarray,
-        categorical: list[int], seed: int = 0, rounds: int = 400, threads: int = 2,
+        self,
+        train_x: np.ndarray,
+        train_y: np.ndarray,
+        valid_x: np.ndarray,
+        valid_y: np.ndarray,
+        categorical: list[int],
+        seed: int = 0,
+        rounds: int = 400,
+        threads: int = 2,
     ) -> dict[str, list[float]]:
         """Train with early stopping on the validation logloss; return the per-round curves."""
         params = {
-            "objective": "binary", "learning_rate": 0.05, "num_leaves": 63,
-            "min_data_in_leaf": 40, "feature_fraction": 0.8, "bagging_fraction": 0.8,
-            "bagging_freq": 1, "lambda_l2": 1.0, "seed": seed, "num_threads": threads,
-            "verbose": -1, "metric": "binary_logloss", "deterministic": True,
+            "objective": "binary",
+            "learning_rate": 0.05,
+            "num_leaves": 63,
+            "min_data_in_leaf": 40,
+            "feature_fraction": 0.8,
+            "bagging_fraction": 0.8,
+            "bagging_freq": 1,
+            "lambda_l2": 1.0,
+            "seed": seed,
+            "num_threads": threads,
+            "verbose": -1,
+            "metric": "binary_logloss",
+            "deterministic": True,
         }
         train = lgb.Dataset(train_x, train_y, categorical_feature=categorical, free_raw_data=False)
         valid = lgb.Dataset(valid_x, valid_y, reference=train, categorical_feature=categorical)
         curves: dict[str, dict[str, list[float]]] = {}
         self.booster = lgb.train(
-            params, train, num_boost_round=rounds, valid_sets=[train, valid],
+            params,
+            train,
+            num_boost_round=rounds,
+            valid_sets=[train, valid],
             valid_names=["train", "valid"],
             callbacks=[lgb.early_stopping(30, verbose=False), lgb.record_evaluation(curves)],
         )
@@ -38,8 +57,10 @@ class TreeRanker:
     def logits(self, x: np.ndarray) -> np.ndarray:
         """Raw scores (log-odds)."""
         assert self.booster is not None, "fit or load first"
-        return np.asarray(self.booster.predict(x, raw_score=True, num_iteration=self.booster.best_iteration),
-                          dtype=np.float32)
+        return np.asarray(
+            self.booster.predict(x, raw_score=True, num_iteration=self.booster.best_iteration),
+            dtype=np.float32,
+        )
 
     def save(self, path: Path) -> None:
         assert self.booster is not None, "fit first"

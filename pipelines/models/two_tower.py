@@ -7,6 +7,8 @@ probability so that popular items are not over-penalised for appearing as negati
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -14,7 +16,7 @@ from torch import nn
 
 def _mlp(sizes: list[int]) -> nn.Sequential:
     layers: list[nn.Module] = []
-    for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
+    for i, (n_in, n_out) in enumerate(itertools.pairwise(sizes)):
         layers.append(nn.Linear(n_in, n_out))
         if i < len(sizes) - 2:
             layers.append(nn.ReLU())
@@ -22,11 +24,16 @@ def _mlp(sizes: list[int]) -> nn.Sequential:
 
 
 class QueryTower(nn.Module):
-    """User id-features ``[B, n_features]`` + history item ids ``[B, L]`` (0 = padding) -> unit vector."""
+    """User ids ``[B, n_features]`` + history item ids ``[B, L]`` (0 = padding) -> unit vector."""
 
     def __init__(
-        self, cardinalities: list[int], n_items: int, feature_dim: int = 16,
-        history_dim: int = 32, hidden: int = 128, out_dim: int = 64,
+        self,
+        cardinalities: list[int],
+        n_items: int,
+        feature_dim: int = 16,
+        history_dim: int = 32,
+        hidden: int = 128,
+        out_dim: int = 64,
     ) -> None:
         super().__init__()
         self.features = nn.ModuleList(nn.Embedding(n, feature_dim) for n in cardinalities)
@@ -44,8 +51,12 @@ class ItemTower(nn.Module):
     """Item id-features ``[B, n_features]`` + dense features ``[B, n_dense]`` -> unit vector."""
 
     def __init__(
-        self, cardinalities: list[int], n_dense: int, feature_dim: int = 32,
-        hidden: int = 128, out_dim: int = 64,
+        self,
+        cardinalities: list[int],
+        n_dense: int,
+        feature_dim: int = 32,
+        hidden: int = 128,
+        out_dim: int = 64,
     ) -> None:
         super().__init__()
         self.features = nn.ModuleList(nn.Embedding(n, feature_dim) for n in cardinalities)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import random
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 import torch
@@ -24,7 +25,7 @@ def device() -> torch.device:
 
 def train_epochs(
     parameters: Iterable[torch.nn.Parameter],
-    epoch_batches: Callable[[int], Iterable[tuple[torch.Tensor, ...]]],
+    epoch_batches: Callable[[int], Iterable[tuple[Any, ...]]],
     loss_fn: Callable[..., torch.Tensor],
     epochs: int,
     lr: float,
@@ -47,8 +48,15 @@ def train_epochs(
     history: list[dict[str, float]] = []
     for epoch in range(epochs):
         total, count = 0.0, 0
-        bar = tqdm(epoch_batches(epoch), desc=f"{name} epoch {epoch + 1}/{epochs}", leave=False,
-                   total=batches_per_epoch, disable=quiet, unit="batch", mininterval=0.5)
+        bar = tqdm(
+            epoch_batches(epoch),
+            desc=f"{name} epoch {epoch + 1}/{epochs}",
+            leave=False,
+            total=batches_per_epoch,
+            disable=quiet,
+            unit="batch",
+            mininterval=0.5,
+        )
         for batch in bar:
             with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_amp):
                 loss = loss_fn(*batch)

@@ -23,13 +23,22 @@ from pipelines.training.loop import seed_everything, train_epochs
 
 GROUPS = {"sparse": list(SPARSE_COLUMNS), "dense": [DENSE, GENRES], "label": [LABEL]}
 # Low-cardinality id columns the trees treat as categories (ids of users/items would overfit).
-TREE_CATEGORICAL = ("gender_idx", "age_idx", "occupation_idx", "year_idx", "genres_first_idx",
-                    "hour", "weekday")
+TREE_CATEGORICAL = (
+    "gender_idx",
+    "age_idx",
+    "occupation_idx",
+    "year_idx",
+    "genres_first_idx",
+    "hour",
+    "weekday",
+)
 
 
 def ranking_inputs(path: Path) -> dict[str, np.ndarray]:
     """A whole split as ``sparse [n, T]`` int64, ``dense [n, D]`` float32, ``label [n]``."""
-    names = {out: [c for g in groups for c in column_names(path, g)] for out, groups in GROUPS.items()}
+    names = {
+        out: [c for g in groups for c in column_names(path, g)] for out, groups in GROUPS.items()
+    }
     columns = read_columns(path, [c for group in names.values() for c in group])
     return {
         "sparse": np.stack([columns[c] for c in names["sparse"]], axis=1).astype(np.int64),
@@ -48,16 +57,25 @@ def tree_features(inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, list[int]]
 @torch.no_grad()
 def dlrm_logits(model: DLRM, inputs: dict[str, np.ndarray]) -> np.ndarray:
     model.eval()
-    return model(torch.from_numpy(inputs["sparse"]), torch.from_numpy(inputs["dense"])).float().numpy()
+    return (
+        model(torch.from_numpy(inputs["sparse"]), torch.from_numpy(inputs["dense"])).float().numpy()
+    )
 
 
 def build_dlrm(workflow: Workflow, n_dense: int, config: TrainConfig) -> DLRM:
     return DLRM([cardinality(workflow, c) for c in SPARSE_COLUMNS], n_dense, dim=config.dlrm_dim)
 
 
-def train_dlrm(model: DLRM, workdir: Path, valid: dict[str, np.ndarray], config: TrainConfig) -> list[dict[str, float]]:
-    loader = ParquetBatchLoader([workdir / "ranking_train.parquet"], GROUPS, config.dlrm_batch,
-                                dtypes={"sparse": torch.int64}, seed=config.seed)
+def train_dlrm(
+    model: DLRM, workdir: Path, valid: dict[str, np.ndarray], config: TrainConfig
+) -> list[dict[str, float]]:
+    loader = ParquetBatchLoader(
+        [workdir / "ranking_train.parquet"],
+        GROUPS,
+        config.dlrm_batch,
+        dtypes={"sparse": torch.int64},
+        seed=config.seed,
+    )
 
     def loss(batch: dict[str, torch.Tensor]) -> torch.Tensor:
         model.train()
@@ -67,9 +85,17 @@ def train_dlrm(model: DLRM, workdir: Path, valid: dict[str, np.ndarray], config:
     def validate(_: int) -> dict[str, float]:
         return {"valid_auc": auc(valid["label"], dlrm_logits(model, valid))}
 
-    return train_epochs(model.parameters(), lambda _: ((b,) for b in loader), loss,
-                        config.dlrm_epochs, config.dlrm_lr, "dlrm", after_epoch=validate,
-                        keep_best=(model, "valid_auc"), batches_per_epoch=len(loader))
+    return train_epochs(
+        model.parameters(),
+        lambda _: ((b,) for b in loader),
+        loss,
+        config.dlrm_epochs,
+        config.dlrm_lr,
+        "dlrm",
+        after_epoch=validate,
+        keep_best=(model, "valid_auc"),
+        batches_per_epoch=len(loader),
+    )
 
 
 def fit_blend_weight(labels: np.ndarray, dlrm: np.ndarray, tree: np.ndarray) -> float:
@@ -97,8 +123,16 @@ def run_ranking(workdir: Path, config: TrainConfig) -> dict[str, Any]:
     tree = TreeRanker()
     train_x, categorical = tree_features(train)
     valid_x, _ = tree_features(valid)
-    tree_curve = tree.fit(train_x, train["label"], valid_x, valid["label"], categorical,
-                          seed=config.seed, rounds=config.gbm_rounds, threads=config.threads)
+    tree_curve = tree.fit(
+        train_x,
+        train["label"],
+        valid_x,
+        valid["label"],
+        categorical,
+        seed=config.seed,
+        rounds=config.gbm_rounds,
+        threads=config.threads,
+    )
     weight = fit_blend_weight(valid["label"], dlrm_logits(model, valid), tree.logits(valid_x))
 
     test_dlrm, test_tree = dlrm_logits(model, test), tree.logits(tree_features(test)[0])
@@ -109,10 +143,15 @@ def run_ranking(workdir: Path, config: TrainConfig) -> dict[str, Any]:
             "blend": _scores(test["label"], weight * test_dlrm + (1 - weight) * test_tree),
         },
         "blend_weight": weight,
-        "curves": {"dlrm": dlrm_curve, "gbm": [
-            {"round": i + 1, "train_logloss": a, "valid_logloss": b}
-            for i, (a, b) in enumerate(zip(tree_curve["train"], tree_curve["valid"], strict=True))
-        ]},
+        "curves": {
+            "dlrm": dlrm_curve,
+            "gbm": [
+                {"round": i + 1, "train_logloss": a, "valid_logloss": b}
+                for i, (a, b) in enumerate(
+                    zip(tree_curve["train"], tree_curve["valid"], strict=True)
+                )
+            ],
+        },
     }
     models = workdir / "models"
     models.mkdir(exist_ok=True)

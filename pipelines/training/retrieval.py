@@ -23,10 +23,14 @@ from pipelines.training.loop import seed_everything, train_epochs
 def build_two_tower(workflow: Workflow, n_item_dense: int, config: TrainConfig) -> TwoTower:
     query = QueryTower(
         [cardinality(workflow, c) for c in USER_TOWER_COLUMNS],
-        n_items=cardinality(workflow, "item_id_idx"), out_dim=config.two_tower_dim,
+        n_items=cardinality(workflow, "item_id_idx"),
+        out_dim=config.two_tower_dim,
     )
-    item = ItemTower([cardinality(workflow, c) for c in ITEM_TOWER_COLUMNS], n_item_dense,
-                     out_dim=config.two_tower_dim)
+    item = ItemTower(
+        [cardinality(workflow, c) for c in ITEM_TOWER_COLUMNS],
+        n_item_dense,
+        out_dim=config.two_tower_dim,
+    )
     return TwoTower(query, item, temperature=config.temperature)
 
 
@@ -37,19 +41,28 @@ def _batches(n: int, size: int, generator: torch.Generator) -> list[torch.Tensor
 @torch.no_grad()
 def item_embeddings(model: TwoTower, data: RetrievalData) -> np.ndarray:
     model.eval()
-    return model.item(torch.from_numpy(data.item_features), torch.from_numpy(data.item_dense)).numpy()
+    return model.item(
+        torch.from_numpy(data.item_features), torch.from_numpy(data.item_dense)
+    ).numpy()
 
 
 @torch.no_grad()
 def user_embeddings(model: TwoTower, data: RetrievalData, users: np.ndarray) -> np.ndarray:
     model.eval()
-    return model.query(torch.from_numpy(data.user_features[users]), torch.from_numpy(data.history[users])).numpy()
+    return model.query(
+        torch.from_numpy(data.user_features[users]), torch.from_numpy(data.history[users])
+    ).numpy()
 
 
-def train_two_tower(model: TwoTower, data: RetrievalData, config: TrainConfig) -> list[dict[str, float]]:
+def train_two_tower(
+    model: TwoTower, data: RetrievalData, config: TrainConfig
+) -> list[dict[str, float]]:
     pairs = torch.from_numpy(data.positives["train"])
     user_features, history = torch.from_numpy(data.user_features), torch.from_numpy(data.history)
-    item_features, item_dense = torch.from_numpy(data.item_features), torch.from_numpy(data.item_dense)
+    item_features, item_dense = (
+        torch.from_numpy(data.item_features),
+        torch.from_numpy(data.item_dense),
+    )
     log_q = torch.from_numpy(data.item_log_q)
     item_idx = item_features[:, 0]
     generator = torch.Generator().manual_seed(config.seed)
@@ -59,16 +72,28 @@ def train_two_tower(model: TwoTower, data: RetrievalData, config: TrainConfig) -
         users, items = pairs[rows, 0], pairs[rows, 1]
         recent = history[users]
         recent = recent.masked_fill(recent == item_idx[items][:, None], 0)  # never see the target
-        return model.loss(user_features[users], recent, item_features[items], item_dense[items],
-                          items, log_q[items])
+        return model.loss(
+            user_features[users],
+            recent,
+            item_features[items],
+            item_dense[items],
+            items,
+            log_q[items],
+        )
 
     def validate(_: int) -> dict[str, float]:
         return {"valid_recall@20": evaluate_two_tower(model, data, "valid")["recall@20"]}
 
     return train_epochs(
-        model.parameters(), lambda _: ((b,) for b in _batches(len(pairs), config.two_tower_batch, generator)),
-        loss, config.two_tower_epochs, config.two_tower_lr, "two-tower", after_epoch=validate,
-        keep_best=(model, "valid_recall@20"), batches_per_epoch=-(-len(pairs) // config.two_tower_batch),
+        model.parameters(),
+        lambda _: ((b,) for b in _batches(len(pairs), config.two_tower_batch, generator)),
+        loss,
+        config.two_tower_epochs,
+        config.two_tower_lr,
+        "two-tower",
+        after_epoch=validate,
+        keep_best=(model, "valid_recall@20"),
+        batches_per_epoch=-(-len(pairs) // config.two_tower_batch),
     )
 
 
@@ -77,10 +102,16 @@ def _seen(data: RetrievalData, split: str) -> np.ndarray:
     return np.concatenate([data.positives[p] for p in parts])
 
 
-def evaluate_two_tower(model: TwoTower, data: RetrievalData, split: str = "test") -> dict[str, float]:
+def evaluate_two_tower(
+    model: TwoTower, data: RetrievalData, split: str = "test"
+) -> dict[str, float]:
     items = item_embeddings(model, data)
-    return retrieval_metrics(lambda users: user_embeddings(model, data, users) @ items.T,
-                             data.positives[split], _seen(data, split), len(data.user_ids))
+    return retrieval_metrics(
+        lambda users: user_embeddings(model, data, users) @ items.T,
+        data.positives[split],
+        _seen(data, split),
+        len(data.user_ids),
+    )
 
 
 def train_bpr(data: RetrievalData, config: TrainConfig) -> tuple[BPRMF, list[dict[str, float]]]:
@@ -93,8 +124,13 @@ def train_bpr(data: RetrievalData, config: TrainConfig) -> tuple[BPRMF, list[dic
         return model.loss(pairs[rows, 0], pairs[rows, 1], negatives)
 
     curve = train_epochs(
-        model.parameters(), lambda _: ((b,) for b in _batches(len(pairs), 1024, generator)),
-        loss, config.bpr_epochs, config.bpr_lr, "bpr-mf", batches_per_epoch=-(-len(pairs) // 1024),
+        model.parameters(),
+        lambda _: ((b,) for b in _batches(len(pairs), 1024, generator)),
+        loss,
+        config.bpr_epochs,
+        config.bpr_lr,
+        "bpr-mf",
+        batches_per_epoch=-(-len(pairs) // 1024),
     )
     return model, curve
 
@@ -102,19 +138,29 @@ def train_bpr(data: RetrievalData, config: TrainConfig) -> tuple[BPRMF, list[dic
 @torch.no_grad()
 def evaluate_bpr(model: BPRMF, data: RetrievalData, split: str = "test") -> dict[str, float]:
     items = model.items.weight.numpy()
-    return retrieval_metrics(lambda users: model.users.weight.numpy()[users] @ items.T,
-                             data.positives[split], _seen(data, split), len(data.user_ids))
+    return retrieval_metrics(
+        lambda users: model.users.weight.numpy()[users] @ items.T,
+        data.positives[split],
+        _seen(data, split),
+        len(data.user_ids),
+    )
 
 
 def popularity(data: RetrievalData) -> np.ndarray:
     """Training-positive counts per catalog item."""
-    return np.bincount(data.positives["train"][:, 1], minlength=len(data.item_ids)).astype(np.float32)
+    return np.bincount(data.positives["train"][:, 1], minlength=len(data.item_ids)).astype(
+        np.float32
+    )
 
 
 def evaluate_popularity(data: RetrievalData, split: str = "test") -> dict[str, float]:
     counts = popularity(data)
-    return retrieval_metrics(lambda users: np.broadcast_to(counts, (len(users), len(counts))),
-                             data.positives[split], _seen(data, split), len(data.user_ids))
+    return retrieval_metrics(
+        lambda users: np.broadcast_to(counts, (len(users), len(counts))),
+        data.positives[split],
+        _seen(data, split),
+        len(data.user_ids),
+    )
 
 
 def run_retrieval(workdir: Path, config: TrainConfig) -> dict[str, Any]:

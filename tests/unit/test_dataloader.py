@@ -37,8 +37,14 @@ def _ids(loader: ParquetBatchLoader) -> np.ndarray:
 
 @pytest.mark.parametrize("block", [1, 16])
 def test_each_row_once_per_epoch_with_consistent_columns(parquet: Path, block: int) -> None:
-    loader = ParquetBatchLoader([parquet], GROUPS, batch_size=256, buffer_chunks=3,
-                                dtypes={"row_id": torch.int64, "cat": torch.int64}, shuffle_block=block)
+    loader = ParquetBatchLoader(
+        [parquet],
+        GROUPS,
+        batch_size=256,
+        buffer_chunks=3,
+        dtypes={"row_id": torch.int64, "cat": torch.int64},
+        shuffle_block=block,
+    )
     seen = []
     for batch in loader:
         row_id = batch["row_id"][:, 0]
@@ -65,25 +71,32 @@ def test_epochs_differ_and_runs_repeat_for_a_seed(parquet: Path) -> None:
 
 
 def test_rows_mix_across_chunks_within_a_buffer(parquet: Path) -> None:
-    loader = ParquetBatchLoader([parquet], GROUPS, 1_000, buffer_chunks=4, dtypes={"row_id": torch.int64})
+    loader = ParquetBatchLoader(
+        [parquet], GROUPS, 1_000, buffer_chunks=4, dtypes={"row_id": torch.int64}
+    )
     batch = next(iter(loader))["row_id"][:, 0].numpy()
     assert len(np.unique(batch // 1_000)) >= 3  # rows of several row groups in one batch
 
 
 def test_without_shuffle_order_is_preserved(parquet: Path) -> None:
-    loader = ParquetBatchLoader([parquet], GROUPS, 333, shuffle=False, dtypes={"row_id": torch.int64})
+    loader = ParquetBatchLoader(
+        [parquet], GROUPS, 333, shuffle=False, dtypes={"row_id": torch.int64}
+    )
     assert np.array_equal(_ids(loader), np.arange(ROWS))
 
 
 def test_drop_last_and_several_files(parquet: Path, tmp_path: Path) -> None:
-    loader = ParquetBatchLoader([parquet, parquet], GROUPS, 3_000, drop_last=True, dtypes={"row_id": torch.int64})
+    loader = ParquetBatchLoader(
+        [parquet, parquet], GROUPS, 3_000, drop_last=True, dtypes={"row_id": torch.int64}
+    )
     sizes = [len(b["label"]) for b in loader]
     assert sizes == [3_000] * 6 and len(loader) == 6
 
 
 def test_batches_stay_valid_after_later_batches(parquet: Path) -> None:
-    loader = ParquetBatchLoader([parquet], GROUPS, 700, buffer_chunks=1,
-                                dtypes={"row_id": torch.int64, "cat": torch.int64})
+    loader = ParquetBatchLoader(
+        [parquet], GROUPS, 700, buffer_chunks=1, dtypes={"row_id": torch.int64, "cat": torch.int64}
+    )
     batches = list(loader)
     for batch in batches:
         torch.testing.assert_close(batch["cat"][:, 0], batch["row_id"][:, 0] * 3)

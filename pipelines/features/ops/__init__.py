@@ -15,6 +15,14 @@ REGISTRY: dict[str, type[FeatureOp]] = {
 }
 
 __all__ = [
-    "REGISTRY", "Categorify", "Columns", "CountEncode", "FeatureOp", "GroupMean", "MultiHot",
-    "Standardize", "TargetEncode", "Temporal",
+    "REGISTRY",
+    "Categorify",
+    "Columns",
+    "CountEncode",
+    "FeatureOp",
+    "GroupMean",
+    "MultiHot",
+    "Standardize",
+    "TargetEncode",
+    "Temporal",
 ]

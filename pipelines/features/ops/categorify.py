@@ -82,8 +82,7 @@ class Categorify(FeatureOp):
         return {self.outputs[0]: ids}
 
     def config(self) -> dict[str, Any]:
-        return {"column": self.column, "min_frequency": self.min_frequency,
-                "numeric": self.numeric}
+        return {"column": self.column, "min_frequency": self.min_frequency, "numeric": self.numeric}
 
     def arrays(self) -> dict[str, np.ndarray]:
         assert self.vocabulary is not None, "fit first"

@@ -10,7 +10,7 @@ from pipelines.features.ops.base import Columns, FeatureOp
 
 
 class Standardize(FeatureOp):
-    """Stack the named 1-D columns into one ``[rows, n]`` float32 matrix ``output``, standardised."""
+    """Stack the named 1-D columns into one standardised ``[rows, n]`` float32 ``output``."""
 
     kind: ClassVar[str] = "standardize"
 

@@ -20,7 +20,9 @@ def _smoothed_means(
 def _blend(sums: np.ndarray, counts: np.ndarray, prior: float, smoothing: float) -> np.ndarray:
     """``(sum + smoothing * prior) / (count + smoothing)``; ids with no weight get the prior."""
     weight = counts + smoothing
-    means = np.divide(sums + smoothing * prior, weight, out=np.full(len(sums), prior), where=weight > 0)
+    means = np.divide(
+        sums + smoothing * prior, weight, out=np.full(len(sums), prior), where=weight > 0
+    )
     return means.astype(np.float32)
 
 
@@ -28,8 +30,9 @@ class TargetEncode(FeatureOp):
     """Smoothed mean of ``target`` per id.
 
     ``fit_transform`` (training rows) assigns rows to ``folds`` random folds and encodes each
-    fold with statistics (means and the global prior) of the other folds only; ``transform`` (validation, test, serving) uses the
-    statistics of all training rows. Unseen ids get the global mean.
+    fold with statistics (means and the global prior) of the other folds only; ``transform``
+    (validation, test, serving) uses the statistics of all training rows. Unseen ids get the
+    global mean.
     """
 
     kind: ClassVar[str] = "target_encode"
@@ -87,8 +90,13 @@ class TargetEncode(FeatureOp):
         return {self.outputs[0]: lookup(self.means, columns[self.column], self.prior)}
 
     def config(self) -> dict[str, Any]:
-        return {"column": self.column, "target": self.target, "folds": self.folds,
-                "smoothing": self.smoothing, "seed": self.seed}
+        return {
+            "column": self.column,
+            "target": self.target,
+            "folds": self.folds,
+            "smoothing": self.smoothing,
+            "seed": self.seed,
+        }
 
     def arrays(self) -> dict[str, np.ndarray]:
         assert self.means is not None, "fit first"

@@ -49,7 +49,9 @@ def test_bad_header_names_line_1(copy_of_ml100k: Path) -> None:
 
 def test_wrong_field_count_names_the_line(copy_of_ml100k: Path) -> None:
     _rewrite_line(copy_of_ml100k / "ml-100k.inter", 7, "1\t2\t3")
-    with pytest.raises(DataError, match=r"ml-100k\.inter:7: expected 4 tab-separated fields, found 3"):
+    with pytest.raises(
+        DataError, match=r"ml-100k\.inter:7: expected 4 tab-separated fields, found 3"
+    ):
         load_movielens_100k(copy_of_ml100k)
 
 

@@ -25,7 +25,9 @@ def test_schema_and_sizes() -> None:
     assert data.interactions["rating"].isin([1, 2, 3, 4, 5]).all()
     genres = {g for joined in data.items["genres"] for g in joined.split("|")}
     assert genres <= set(GENRES)
-    assert data.interactions["timestamp"].is_monotonic_increasing is False  # not sorted: random times
+    assert (
+        data.interactions["timestamp"].is_monotonic_increasing is False
+    )  # not sorted: random times
 
 
 def test_item_popularity_is_heavy_tailed() -> None:

@@ -22,7 +22,9 @@ def test_recall_and_ndcg_on_a_hand_checked_ranking() -> None:
 
 def test_users_without_test_positives_are_not_counted() -> None:
     scores = np.tile(-np.arange(25, dtype=np.float32), (3, 1))
-    metrics = retrieval_metrics(lambda users: scores[users], np.array([[2, 0]]), np.zeros((0, 2), int), n_users=3)
+    metrics = retrieval_metrics(
+        lambda users: scores[users], np.array([[2, 0]]), np.zeros((0, 2), int), n_users=3
+    )
     assert metrics["recall@10"] == 1.0 and metrics["ndcg@10"] == 1.0
 
 

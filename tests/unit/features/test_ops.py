@@ -58,7 +58,9 @@ def test_target_encode_is_out_of_fold_on_training_rows() -> None:
     first = TargetEncode("u", "y", folds=5, seed=1).fit_transform({"u": ids, "y": labels})["u_te_y"]
     flipped = labels.copy()
     flipped[10] = 1 - flipped[10]
-    second = TargetEncode("u", "y", folds=5, seed=1).fit_transform({"u": ids, "y": flipped})["u_te_y"]
+    second = TargetEncode("u", "y", folds=5, seed=1).fit_transform({"u": ids, "y": flipped})[
+        "u_te_y"
+    ]
     assert first[10] == second[10]
     assert not np.array_equal(first, second)  # other folds did see it
 
@@ -81,7 +83,9 @@ def test_temporal_features_of_a_known_time() -> None:
     assert out["hour"].tolist() == [5]
     assert out["weekday"].tolist() == [3]
     assert out["item_age_years"][0] == pytest.approx(20.17, abs=0.01)
-    unknown_year = Temporal().transform({"timestamp": np.array([1614834367]), "year": np.array([np.nan])})
+    unknown_year = Temporal().transform(
+        {"timestamp": np.array([1614834367]), "year": np.array([np.nan])}
+    )
     assert unknown_year["item_age_years"].tolist() == [0.0]
 
 

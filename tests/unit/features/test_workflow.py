@@ -9,7 +9,13 @@ import pytest
 from pipelines.data.schema import RawDataset
 from pipelines.errors import ArtifactError
 from pipelines.features.ops import Columns
-from pipelines.features.rows import ITEM_ATTRIBUTES, USER_ATTRIBUTES, AttributeTable, join_rows, labelled_rows
+from pipelines.features.rows import (
+    ITEM_ATTRIBUTES,
+    USER_ATTRIBUTES,
+    AttributeTable,
+    join_rows,
+    labelled_rows,
+)
 from pipelines.features.spec import DENSE, GENRES, SPARSE_COLUMNS, default_workflow
 from pipelines.features.workflow import Workflow
 from pipelines.split import random_split
@@ -37,7 +43,9 @@ def test_saved_workflow_transforms_identically(small_dataset: RawDataset, tmp_pa
         np.testing.assert_array_equal(before[column], after[column])
 
 
-def test_offline_and_online_features_are_identical(small_dataset: RawDataset, tmp_path: Path) -> None:
+def test_offline_and_online_features_are_identical(
+    small_dataset: RawDataset, tmp_path: Path
+) -> None:
     """Rows built per request (one user x candidate items, attributes as strings the way an
     online store returns them) through the saved workflow equal the offline batch features."""
     workflow, test, _, _ = _fitted(small_dataset)
@@ -50,7 +58,9 @@ def test_offline_and_online_features_are_identical(small_dataset: RawDataset, tm
     items = AttributeTable(small_dataset.items, "item_id", ITEM_ATTRIBUTES)
     for user in np.unique(test["user_id"])[:25]:
         mine = np.flatnonzero(test["user_id"] == user)
-        request = join_rows(users, items, np.full(len(mine), user), test["item_id"][mine], test["timestamp"][mine])
+        request = join_rows(
+            users, items, np.full(len(mine), user), test["item_id"][mine], test["timestamp"][mine]
+        )
         online = online_workflow.transform(request)
         for column in MODEL_INPUTS:
             np.testing.assert_array_equal(online[column], offline[column][mine], err_msg=column)
@@ -58,7 +68,9 @@ def test_offline_and_online_features_are_identical(small_dataset: RawDataset, tm
 
 def test_unknown_ids_online_get_null_buckets(small_dataset: RawDataset) -> None:
     workflow, _, users, items = _fitted(small_dataset)
-    request = join_rows(users, items, np.array([10**9]), np.array([10**9]), np.array([1_000_000_000]))
+    request = join_rows(
+        users, items, np.array([10**9]), np.array([10**9]), np.array([1_000_000_000])
+    )
     out = workflow.transform(request)
     assert out["user_id_idx"][0] == 1 and out["gender_idx"][0] == 0 and out["year_idx"][0] == 0
     assert np.isfinite(out[DENSE]).all()
@@ -67,8 +79,12 @@ def test_unknown_ids_online_get_null_buckets(small_dataset: RawDataset) -> None:
 def test_partial_transform_skips_ops_without_inputs(small_dataset: RawDataset) -> None:
     workflow, _, _, _ = _fitted(small_dataset)
     items = small_dataset.items
-    out = workflow.transform({c: items[c].to_numpy() for c in ("item_id", "year", "genres")}, partial=True)
-    assert {"item_id_idx", "year_idx", GENRES, "item_id_idx_count", "item_mean_user_age"} <= set(out)
+    out = workflow.transform(
+        {c: items[c].to_numpy() for c in ("item_id", "year", "genres")}, partial=True
+    )
+    assert {"item_id_idx", "year_idx", GENRES, "item_id_idx_count", "item_mean_user_age"} <= set(
+        out
+    )
     assert "user_id_idx" not in out and DENSE not in out
     with pytest.raises(KeyError):
         workflow.transform({c: items[c].to_numpy() for c in ("item_id", "year", "genres")})

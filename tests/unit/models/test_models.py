@@ -50,8 +50,13 @@ def test_duplicate_positive_in_batch_is_not_a_negative() -> None:
 
 def test_log_q_correction_lowers_popular_items_less() -> None:
     model = _two_tower()
-    args = (torch.tensor([[1, 1], [2, 2]]), torch.zeros(2, 3, dtype=torch.long),
-            torch.tensor([[4], [5]]), torch.zeros(2, 2), torch.tensor([4, 5]))
+    args = (
+        torch.tensor([[1, 1], [2, 2]]),
+        torch.zeros(2, 3, dtype=torch.long),
+        torch.tensor([[4], [5]]),
+        torch.zeros(2, 2),
+        torch.tensor([4, 5]),
+    )
     uniform = model.loss(*args, torch.log(torch.tensor([0.5, 0.5])))
     skewed = model.loss(*args, torch.log(torch.tensor([0.99, 0.01])))
     assert not torch.isclose(uniform, skewed)

@@ -1,0 +1,117 @@
+"""The offline pipeline end to end on a small synthetic dataset, through the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from pipelines.export.repository import latest_version, sha256
+from pipelines.features.workflow import Workflow
+from services.cli import main
+
+FAST = [
+    "--dataset",
+    "synthetic",
+    "--users",
+    "300",
+    "--items",
+    "400",
+    "--interactions",
+    "15000",
+    "--two-tower-epochs",
+    "2",
+    "--bpr-epochs",
+    "2",
+    "--dlrm-epochs",
+    "1",
+    "--gbm-rounds",
+    "20",
+]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
+    root = tmp_path_factory.mktemp("pipeline")
+    work, out = root / "work", root / "out"
+    import contextlib
+    import io
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(["train", "--workdir", str(work), "--output", str(out), *FAST]) == 0
+    return work, out, printed.getvalue()
+
+
+def test_last_line_is_the_report_path(run: tuple[Path, Path, str]) -> None:
+    work, _, printed = run
+    last = printed.strip().splitlines()[-1]
+    assert Path(last) == (work / "report" / "report.json").resolve()
+    report = json.loads(Path(last).read_text())
+    assert set(report["retrieval"]["metrics"]) == {"two_tower", "bpr_mf", "popularity"}
+    assert set(report["ranking"]["metrics"]) == {"dlrm", "gbm", "blend"}
+    for name in report["plots"].values():
+        assert (work / "report" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_export_is_complete_and_consistent(run: tuple[Path, Path, str]) -> None:
+    _, out, _ = run
+    assert latest_version(out) == 1
+    manifest = json.loads((out / "releases/1/manifest.json").read_text())
+    assert manifest["dataset"].startswith("synthetic") and len(manifest["data_hash"]) == 16
+    assert manifest["index"]["kind"] == "flat" and manifest["index"]["items"] == 400
+    for name, digest in manifest["files"].items():
+        assert sha256(out / name) == digest
+    tables = json.loads((out / "model_repository/ranker/1/embeddings/tables.json").read_text())
+    for column, rows in tables["rows"].items():
+        table = np.load(out / f"model_repository/ranker/1/embeddings/{column}.npy", mmap_mode="r")
+        assert table.shape == (rows, tables["dim"]) and table.dtype == np.float32
+    session = ort.InferenceSession(str(out / "model_repository/query_tower/1/model.onnx"))
+    embedding = session.run(
+        None, {"user_features": np.zeros((2, 5), np.int64), "history": np.zeros((2, 20), np.int64)}
+    )[0]
+    assert embedding.shape == (2, 64)
+    assert Workflow.load(out / "releases/1/workflow").ops
+
+
+def test_second_export_adds_a_version(run: tuple[Path, Path, str]) -> None:
+    work, out, _ = run
+    before = (out / "model_repository/ranker/1/gbm.txt").read_bytes()
+    assert main(["train", "export", "--workdir", str(work), "--output", str(out), *FAST]) == 0
+    assert latest_version(out) == 2
+    assert (out / "model_repository/ranker/1/gbm.txt").read_bytes() == before
+
+
+def test_a_step_without_its_inputs_says_which_step_to_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert (
+        main(["train", "export", "--workdir", str(tmp_path), "--output", str(tmp_path / "o")]) == 2
+    )
+    assert "run `cascade train prepare` first" in capsys.readouterr().err
+    assert not (tmp_path / "o" / "releases" / "1").exists()
+
+
+def test_bad_option_values_are_named(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--dlrm-dim", "6"]) == 2
+    assert "dlrm_dim" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["train", "teleport"])
+
+
+def test_help_explains_every_option(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = capsys.readouterr().out
+    for option in (
+        "--dataset",
+        "--workdir",
+        "--output",
+        "--two-tower-epochs",
+        "--dlrm-dim",
+        "--seed",
+    ):
+        assert option in text
