@@ -6,7 +6,6 @@ COPY pipelines ./pipelines
 COPY services ./services
 RUN pip install --no-cache-dir --extra-index-url https://download.pytorch.org/whl/cpu -e . \
  && pip install --no-cache-dir --no-deps recbole==1.2.1
-ENV CASCADE_ARTIFACTS=/artifacts
 VOLUME ["/artifacts"]
 ENTRYPOINT ["cascade"]
 CMD ["train", "--workdir", "/artifacts/work", "--output", "/artifacts"]
