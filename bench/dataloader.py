@@ -56,8 +56,11 @@ class RowDataset(Dataset):
         return len(self.label)
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return (torch.from_numpy(self.sparse[i]), torch.from_numpy(self.dense[i]),
-                torch.tensor(self.label[i]))
+        return (
+            torch.from_numpy(self.sparse[i]),
+            torch.from_numpy(self.dense[i]),
+            torch.tensor(self.label[i]),
+        )
 
 
 def time_baseline(path: Path, batch: int, max_seconds: float) -> float:
@@ -71,8 +74,9 @@ def time_baseline(path: Path, batch: int, max_seconds: float) -> float:
 
 
 def time_ours(path: Path, batch: int, epochs: int, block: int) -> float:
-    loader = ParquetBatchLoader([path], GROUPS, batch, buffer_chunks=1, shuffle_block=block,
-                                dtypes={"sparse": torch.int32})
+    loader = ParquetBatchLoader(
+        [path], GROUPS, batch, buffer_chunks=1, shuffle_block=block, dtypes={"sparse": torch.int32}
+    )
     best = 0.0
     for _ in range(epochs):
         rows, started = 0, time.perf_counter()
@@ -83,11 +87,15 @@ def time_ours(path: Path, batch: int, epochs: int, block: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rows", type=int, default=8_000_000, help="rows in the parquet file")
     parser.add_argument("--batch", type=int, default=8192, help="batch size of both loaders")
     parser.add_argument("--epochs", type=int, default=3, help="epochs of our loader (best is kept)")
-    parser.add_argument("--baseline-seconds", type=float, default=10.0, help="time budget of the baseline")
+    parser.add_argument(
+        "--baseline-seconds", type=float, default=10.0, help="time budget of the baseline"
+    )
     args = parser.parse_args()
     torch.set_num_threads(2)
 
@@ -100,7 +108,8 @@ def main() -> None:
 
     result = {
         "benchmark": "dataloader",
-        "rows": args.rows, "batch_size": args.batch,
+        "rows": args.rows,
+        "batch_size": args.batch,
         "row_shape": {"sparse_int32": N_SPARSE, "dense_float32": N_DENSE, "label_float32": 1},
         "baseline_samples_per_s": round(baseline),
         "ours_samples_per_s": round(row_shuffle),
@@ -110,9 +119,12 @@ def main() -> None:
         "shuffle_buffer_rows": 262_144,
         "torch_threads": torch.get_num_threads(),
     }
-    print(f"torch DataLoader (item by item): {baseline:>14,.0f} samples/s")
-    print(f"ParquetBatchLoader, row shuffle: {row_shuffle:>14,.0f} samples/s  ({result['ratio']}x)")
-    print(f"ParquetBatchLoader, 16-row runs: {block_shuffle:>14,.0f} samples/s  ({result['ratio_block16']}x)")
+    for name, rate, ratio in (
+        ("torch DataLoader (item by item)", baseline, 1.0),
+        ("ParquetBatchLoader, row shuffle", row_shuffle, result["ratio"]),
+        ("ParquetBatchLoader, 16-row runs", block_shuffle, result["ratio_block16"]),
+    ):
+        print(f"{name}: {rate:>14,.0f} samples/s  ({ratio}x)")
     out = Path(__file__).parent / "results"
     out.mkdir(exist_ok=True)
     (out / "dataloader.json").write_text(json.dumps(result, indent=2))
