@@ -1,21 +1,21 @@
 """A batch dataloader over parquet: whole chunks in, whole tensor batches out.
 
-Work is per chunk (a parquet row group), never per row. Each epoch shuffles the chunk order;
-a background thread reads the next ``buffer_chunks`` row groups (memory-mapped, decoded by
-pyarrow's own threads) while the current buffer is served. The consumer side writes the
-decoded columns straight into one column-major buffer at shuffled positions (one
-``index_copy_`` per column and chunk; no intermediate copy), then yields batches as
-zero-copy slices. Memory holds about two buffers, so datasets larger than memory stream.
+Work is per chunk (a parquet row group), never per row. Each epoch shuffles the chunk order.
+``workers`` threads each build whole buffers ahead of the consumer: read ``buffer_chunks``
+row groups (memory-mapped; each thread has its own file handles) and write every column
+straight into one column-major buffer at randomly permuted row positions (one vectorised
+scatter per column and chunk, no intermediate copy). The consumer only slices batches out
+of finished buffers, zero-copy. Memory holds ``workers + 2`` buffers at most, so datasets
+larger than memory stream.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import queue
 import threading
-import warnings
 from collections.abc import Generator, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +26,6 @@ import torch
 from pipelines.errors import ConfigError
 from pipelines.storage import column_names
 
-_DONE = object()
 Batch = dict[str, torch.Tensor]
 
 
@@ -61,10 +60,7 @@ class ParquetBatchLoader:
         dtypes: output name -> torch dtype (default float32).
         drop_last: drop the final partial batch.
         seed: base seed; epoch ``e`` uses ``seed + e``.
-        shuffle_block: rows moved together by the in-buffer shuffle. 1 (default) permutes
-            single rows; 16 moves runs of 16 rows (one 64-byte cache line of an int32
-            column), which is several times cheaper. With rows stored in random order (as
-            ``cascade train`` writes them) batches stay random samples of the buffer.
+        workers: threads building buffers ahead of the consumer.
 
     Batch tensors are column-major views (``batch[name][:, j]`` is contiguous) and stay
     valid after later batches are drawn.
@@ -80,10 +76,10 @@ class ParquetBatchLoader:
         dtypes: Mapping[str, torch.dtype] | None = None,
         drop_last: bool = False,
         seed: int = 0,
-        shuffle_block: int = 1,
+        workers: int = 2,
     ) -> None:
-        if batch_size < 1 or buffer_chunks < 1 or shuffle_block < 1:
-            raise ConfigError("batch_size, buffer_chunks and shuffle_block must be >= 1")
+        if batch_size < 1 or buffer_chunks < 1 or workers < 1:
+            raise ConfigError("batch_size, buffer_chunks and workers must be >= 1")
         if not paths:
             raise ConfigError("the dataloader needs at least one parquet file")
         self.paths = [Path(p) for p in paths]
@@ -92,112 +88,86 @@ class ParquetBatchLoader:
         self.buffer_chunks = buffer_chunks
         self.drop_last = drop_last
         self.seed = seed
-        self.shuffle_block = shuffle_block
+        self.workers = workers
         self.epoch = 0
         self.columns = {
             out: [c for g in names for c in column_names(self.paths[0], g)]
             for out, names in groups.items()
         }
-        self.dtypes = {out: (dtypes or {}).get(out, torch.float32) for out in groups}
-        files = [pq.ParquetFile(p, memory_map=True) for p in self.paths]
-        self.chunks = [(f, g) for f in files for g in range(f.metadata.num_row_groups)]
-        self.num_rows = sum(f.metadata.num_rows for f in files)
+        self.dtypes = {
+            out: torch.empty(0, dtype=(dtypes or {}).get(out, torch.float32)).numpy().dtype
+            for out in groups
+        }
+        metadata = [pq.ParquetFile(p).metadata for p in self.paths]
+        self.chunks = [(f, g) for f, m in enumerate(metadata) for g in range(m.num_row_groups)]
+        self.num_rows = sum(m.num_rows for m in metadata)
+        self._local = threading.local()
         keep_freed_memory()
 
     def __len__(self) -> int:
         full, rest = divmod(self.num_rows, self.batch_size)
         return full + (1 if rest and not self.drop_last else 0)
 
-    def _read(self, order: np.ndarray, out: queue.Queue[object]) -> None:
-        """Producer: read buffers of row groups in ``order`` and put them on ``out``."""
+    def _file(self, index: int) -> pq.ParquetFile:
+        """This thread's handle of file ``index`` (a ParquetFile is not safe to share)."""
+        files = getattr(self._local, "files", None)
+        if files is None:
+            files = self._local.files = {}
+        if index not in files:
+            files[index] = pq.ParquetFile(self.paths[index], memory_map=True)
+        return files[index]
+
+    def _build_buffer(self, chunks: np.ndarray, rng: np.random.Generator | None) -> Batch:
+        """Read ``chunks`` and write them into column-major ``[n_columns, rows]`` arrays,
+        rows at the positions of a random permutation (in order without ``rng``)."""
         wanted = [c for names in self.columns.values() for c in names]
-        try:
-            for start in range(0, len(order), self.buffer_chunks):
-                chosen = (self.chunks[i] for i in order[start : start + self.buffer_chunks])
-                tables = [
-                    file.read_row_group(group, columns=wanted, use_threads=True)
-                    for file, group in chosen
-                ]
-                out.put(pa.concat_tables(tables) if len(tables) > 1 else tables[0])
-        except BaseException as error:  # handed to the consumer, which re-raises it
-            out.put(error)
-        out.put(_DONE)
-
-    def _columns(self, table: pa.Table, out: str, piece: int) -> list[torch.Tensor]:
-        """One chunk's columns of output ``out`` as 1-D tensors, without copying when the
-        stored dtype is the requested one."""
-        dtype = torch.empty(0, dtype=self.dtypes[out]).numpy().dtype
-        with warnings.catch_warnings():  # arrow memory is read-only; it is only read here
-            warnings.simplefilter("ignore", UserWarning)
-            return [
-                torch.from_numpy(
-                    np.asarray(
-                        table.column(name).chunk(piece).to_numpy(zero_copy_only=False), dtype=dtype
-                    )
-                )
-                for name in self.columns[out]
-            ]
-
-    def _shuffled_buffer(self, table: pa.Table, generator: torch.Generator | None) -> Batch:
-        """Write the table into column-major ``[n_columns, rows]`` tensors in shuffled order.
-
-        Rows move in runs of ``shuffle_block``: each chunk, viewed as ``[runs, block]`` per
-        column, is written to randomly drawn run slots by one ``index_copy_`` per column; a
-        chunk's last ``rows % block`` rows go to the end. Without a generator, in order.
-        """
-        block = self.shuffle_block if generator is not None else 1
-        first = table.column(0)
-        sizes = [len(first.chunk(i)) for i in range(first.num_chunks)]
-        runs = [size // block for size in sizes]
-        total_runs = sum(runs)
-        slots = (
-            torch.randperm(total_runs, generator=generator)
-            if generator is not None
-            else torch.arange(total_runs)
-        )
+        tables = [
+            self._file(f).read_row_group(g, columns=wanted, use_threads=False)
+            for f, g in (self.chunks[i] for i in chunks)
+        ]
+        table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+        rows = table.num_rows
+        positions = rng.permutation(rows) if rng is not None else np.arange(rows)
         buffer = {}
         for out, names in self.columns.items():
-            matrix = torch.empty((len(names), table.num_rows), dtype=self.dtypes[out])
-            body = matrix[:, : total_runs * block]
-            slot_at, tail_at = 0, total_runs * block
-            for piece, (size, n_runs) in enumerate(zip(sizes, runs, strict=True)):
-                whole = n_runs * block
-                destination = slots[slot_at : slot_at + n_runs]
-                for j, column in enumerate(self._columns(table, out, piece)):
-                    body[j].view(-1, block).index_copy_(
-                        0, destination, column[:whole].view(-1, block)
-                    )
-                    matrix[j, tail_at : tail_at + size - whole] = column[whole:]
-                slot_at += n_runs
-                tail_at += size - whole
-            buffer[out] = matrix
+            matrix = np.empty((len(names), rows), dtype=self.dtypes[out])
+            for row, name in zip(matrix, names, strict=True):
+                start = 0
+                for piece in table.column(name).chunks:
+                    values = piece.to_numpy(zero_copy_only=False)
+                    row[positions[start : start + len(values)]] = values
+                    start += len(values)
+            buffer[out] = torch.from_numpy(matrix)
         return buffer
 
     def __iter__(self) -> Iterator[Batch]:
         epoch_seed = self.seed + self.epoch
         self.epoch += 1
         rng = np.random.default_rng(epoch_seed)
-        generator = torch.Generator().manual_seed(epoch_seed) if self.shuffle else None
         order = rng.permutation(len(self.chunks)) if self.shuffle else np.arange(len(self.chunks))
-        tables: queue.Queue[object] = queue.Queue(maxsize=1)
-        reader = threading.Thread(target=self._read, args=(order, tables), daemon=True)
-        reader.start()
-        carry: Batch | None = None
+        buffers = [
+            order[s : s + self.buffer_chunks] for s in range(0, len(order), self.buffer_chunks)
+        ]
+
+        def build(i: int) -> Batch:
+            shuffle_rng = np.random.default_rng([epoch_seed, i]) if self.shuffle else None
+            return self._build_buffer(buffers[i], shuffle_rng)
+
+        executor = ThreadPoolExecutor(self.workers, thread_name_prefix="cascade-loader")
+        pending: dict[int, Future[Batch]] = {}
         try:
-            while (item := tables.get()) is not _DONE:
-                if isinstance(item, BaseException):
-                    raise item
-                assert isinstance(item, pa.Table)
-                buffer = self._shuffled_buffer(item, generator)
+            ahead = 0
+            carry: Batch | None = None
+            for i in range(len(buffers)):
+                while ahead < len(buffers) and ahead <= i + self.workers:
+                    pending[ahead] = executor.submit(build, ahead)
+                    ahead += 1
+                buffer = pending.pop(i).result()  # popped: the buffer goes once it is served
                 carry = yield from self._batches(buffer, carry)
             if carry is not None and not self.drop_last:
                 yield {k: v.T for k, v in carry.items()}
         finally:
-            while reader.is_alive():  # unblock the producer if the consumer stopped early
-                try:
-                    tables.get_nowait()
-                except queue.Empty:
-                    reader.join(timeout=0.01)
+            executor.shutdown(wait=True, cancel_futures=True)
 
     def _batches(self, buffer: Batch, carry: Batch | None) -> Generator[Batch, None, Batch | None]:
         """Yield full batches of ``buffer`` (after completing ``carry``); return the rest."""

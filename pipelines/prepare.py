@@ -4,7 +4,7 @@ Writes into a work directory:
 
 - ``workflow/``: the fitted feature workflow (serving loads the exported copy);
 - ``ranking_{train,valid,test}.parquet``: DLRM/GBM rows (rating == 3 dropped), training
-  rows written in random order, as the dataloader's block shuffle expects;
+  rows written in random order, so every row group is already a random sample;
 - ``retrieval.npz``: tower inputs per catalog user and item, each user's recent history,
   retrieval positives of each split, item sampling log-probabilities (log-Q).
 """
