@@ -13,16 +13,30 @@ import matplotlib.pyplot as plt
 
 
 def _curves_plot(curves: dict[str, list[dict[str, float]]], path: Path) -> None:
-    figure, axes = plt.subplots(1, len(curves), figsize=(4.5 * len(curves), 3.5), squeeze=False)
+    """One panel per model: losses on the left axis, validation metrics on the right."""
+    figure, axes = plt.subplots(1, len(curves), figsize=(4.8 * len(curves), 3.5), squeeze=False)
     for axis, (name, records) in zip(axes[0], curves.items(), strict=True):
-        x_key = "epoch" if records and "epoch" in records[0] else "round"
-        for key in records[0] if records else []:
-            if key == x_key:
-                continue
-            axis.plot([r[x_key] for r in records], [r[key] for r in records], label=key)
+        if not records:
+            continue
+        x_key = "epoch" if "epoch" in records[0] else "round"
+        x = [r[x_key] for r in records]
+        keys = [k for k in records[0] if k != x_key]
+        losses = [k for k in keys if "loss" in k]
+        metrics = [k for k in keys if k not in losses]
+        for key in losses:
+            axis.plot(x, [r[key] for r in records], label=key)
+        axis.set_ylabel("loss")
+        handles, labels = axis.get_legend_handles_labels()
+        if metrics:
+            right = axis.twinx()
+            for key in metrics:
+                right.plot(x, [r[key] for r in records], label=key, color="tab:orange")
+            right.set_ylabel("validation metric")
+            more_handles, more_labels = right.get_legend_handles_labels()
+            handles, labels = handles + more_handles, labels + more_labels
         axis.set_title(name)
         axis.set_xlabel(x_key)
-        axis.legend(fontsize=8)
+        axis.legend(handles, labels, fontsize=8, loc="center right")
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
