@@ -127,6 +127,25 @@ def recent_history(
     return history
 
 
+def write_online_tables(dataset: RawDataset, directory: Path, history_length: int) -> None:
+    """What the serving side's online store holds, as parquet: ``users`` (raw attributes),
+    ``items`` (raw attributes), ``histories`` (per user: the last ``history_length`` positive
+    item ids, oldest first, and every item the user has interacted with)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    dataset.users.to_parquet(directory / "users.parquet", index=False)
+    dataset.items.to_parquet(directory / "items.parquet", index=False)
+    ordered = dataset.interactions.sort_values(["user_id", "timestamp"], kind="stable")
+    positives = ordered[ordered["rating"] >= POSITIVE_RATING]
+    recent = positives.groupby("user_id")["item_id"].agg(lambda s: s.to_numpy()[-history_length:])
+    seen = ordered.groupby("user_id")["item_id"].agg(lambda s: np.unique(s.to_numpy()))
+    histories = pd.DataFrame({"user_id": seen.index.to_numpy()})
+    histories["seen"] = seen.to_numpy()
+    histories["recent"] = [
+        recent.get(u, np.array([], np.int64)) for u in histories["user_id"].to_numpy()
+    ]
+    histories.to_parquet(directory / "histories.parquet", index=False)
+
+
 def prepare(
     dataset: RawDataset, workdir: Path, seed: int = 0, history_length: int = 20
 ) -> Workflow:
@@ -144,6 +163,7 @@ def prepare(
         "test": workflow.transform(_take(rows, split.test)),
     }
     workflow.save(workdir / "workflow")
+    write_online_tables(dataset, workdir / "online", history_length)
 
     rng = np.random.default_rng(seed)
     for name, columns in encoded.items():

@@ -12,17 +12,34 @@ import numpy as np
 import torch
 
 from pipelines.config import TrainConfig
+from pipelines.errors import ArtifactError
 from pipelines.export.item_index import build_index, index_kind, save_index
 from pipelines.export.onnx_models import export_dlrm_dense, export_query_tower
 from pipelines.export.repository import VersionWriter
 from pipelines.features.spec import SPARSE_COLUMNS
 from pipelines.features.workflow import Workflow
 from pipelines.prepare import RetrievalData
-from pipelines.training.ranking import TREE_CATEGORICAL, build_dlrm, ranking_inputs
+from pipelines.models.gbm import TREE_CATEGORICAL
+from pipelines.training.ranking import build_dlrm, ranking_inputs
 from pipelines.training.retrieval import build_two_tower
 
 QUERY_TOWER = "query_tower"
 RANKER = "ranker"
+# config.pbtxt and the thin python-backend model.py of each served model (kept in git)
+TEMPLATES = Path(__file__).resolve().parents[2] / "model_repository"
+
+
+def _add_triton_files(root: Path, model: str, staged: Path) -> None:
+    """Copy the model's ``model.py`` into the version and its ``config.pbtxt`` beside it."""
+    template = TEMPLATES / model
+    for name in ("config.pbtxt", "model.py"):
+        if not (template / name).is_file():
+            raise ArtifactError(f"{template / name} is missing (Triton model template)")
+    shutil.copy(template / "model.py", staged / "model.py")
+    target = root / "model_repository" / model / "config.pbtxt"
+    temporary = target.with_suffix(".tmp")
+    shutil.copy(template / "config.pbtxt", temporary)
+    temporary.replace(target)
 
 
 def _write_ranker(model_dir: Path, workdir: Path, workflow: Workflow, config: TrainConfig) -> float:
@@ -81,10 +98,12 @@ def run_export(workdir: Path, root: Path, config: TrainConfig, info: dict[str, A
         query_difference = export_query_tower(
             two_tower.query, data.user_features, data.history, staged / "model.onnx"
         )
+        _add_triton_files(root, QUERY_TOWER, staged)
         writer.publish(QUERY_TOWER, staged)
 
         staged = writer.staging(RANKER)
         dlrm_difference = _write_ranker(staged, workdir, workflow, config)
+        _add_triton_files(root, RANKER, staged)
         writer.publish(RANKER, staged)
 
         release = writer.release
@@ -105,6 +124,7 @@ def run_export(workdir: Path, root: Path, config: TrainConfig, info: dict[str, A
             )
         )
         shutil.copytree(workdir / "workflow", release / "workflow")
+        shutil.copytree(workdir / "online", release / "online")
         return writer.finish(
             {
                 **info,

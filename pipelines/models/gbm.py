@@ -7,6 +7,26 @@ from pathlib import Path
 import lightgbm as lgb
 import numpy as np
 
+from pipelines.features.spec import SPARSE_COLUMNS
+
+# Low-cardinality id columns the trees treat as categories (ids of users/items would overfit).
+TREE_CATEGORICAL = (
+    "gender_idx",
+    "age_idx",
+    "occupation_idx",
+    "year_idx",
+    "genres_first_idx",
+    "hour",
+    "weekday",
+)
+
+
+def tree_features(inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, list[int]]:
+    """Tree inputs: the dense block then the low-cardinality ids; returns categorical positions."""
+    picked = [SPARSE_COLUMNS.index(c) for c in TREE_CATEGORICAL]
+    x = np.concatenate([inputs["dense"], inputs["sparse"][:, picked].astype(np.float32)], axis=1)
+    return x, list(range(inputs["dense"].shape[1], x.shape[1]))
+
 
 class TreeRanker:
     """LightGBM binary classifier whose logit is the ranking score."""

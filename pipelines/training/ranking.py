@@ -17,21 +17,11 @@ from pipelines.evaluation.metrics import auc, logloss, sigmoid
 from pipelines.features.spec import DENSE, GENRES, LABEL, SPARSE_COLUMNS, cardinality
 from pipelines.features.workflow import Workflow
 from pipelines.models.dlrm import DLRM
-from pipelines.models.gbm import TreeRanker
+from pipelines.models.gbm import TreeRanker, tree_features
 from pipelines.storage import column_names, read_columns
 from pipelines.training.loop import seed_everything, train_epochs
 
 GROUPS = {"sparse": list(SPARSE_COLUMNS), "dense": [DENSE, GENRES], "label": [LABEL]}
-# Low-cardinality id columns the trees treat as categories (ids of users/items would overfit).
-TREE_CATEGORICAL = (
-    "gender_idx",
-    "age_idx",
-    "occupation_idx",
-    "year_idx",
-    "genres_first_idx",
-    "hour",
-    "weekday",
-)
 
 
 def ranking_inputs(path: Path) -> dict[str, np.ndarray]:
@@ -45,13 +35,6 @@ def ranking_inputs(path: Path) -> dict[str, np.ndarray]:
         "dense": np.stack([columns[c] for c in names["dense"]], axis=1).astype(np.float32),
         "label": columns[LABEL].astype(np.float32),
     }
-
-
-def tree_features(inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, list[int]]:
-    """Tree inputs: the dense block then the low-cardinality ids; returns categorical positions."""
-    picked = [SPARSE_COLUMNS.index(c) for c in TREE_CATEGORICAL]
-    x = np.concatenate([inputs["dense"], inputs["sparse"][:, picked].astype(np.float32)], axis=1)
-    return x, list(range(inputs["dense"].shape[1], x.shape[1]))
 
 
 @torch.no_grad()

@@ -1,0 +1,28 @@
+"""Triton python-backend adapter of the query tower: tensors in, tensors out; nothing else."""
+
+from pathlib import Path
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from services.inference.models import QueryTowerModel
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.model = QueryTowerModel(Path(args["model_repository"]) / args["model_version"])
+        self.model.load()
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:  # one response per request; errors reported per request
+            try:
+                features = pb_utils.get_input_tensor_by_name(request, "user_features").as_numpy()
+                history = pb_utils.get_input_tensor_by_name(request, "history").as_numpy()
+                embedding = self.model.encode(features, history).astype(np.float32)
+                responses.append(
+                    pb_utils.InferenceResponse([pb_utils.Tensor("embedding", embedding)])
+                )
+            except Exception as error:
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(error))))
+        return responses

@@ -1,0 +1,26 @@
+"""Triton python-backend adapter of the ranker: tensors in, tensors out; nothing else."""
+
+from pathlib import Path
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from services.inference.models import RankingModel
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.model = RankingModel(Path(args["model_repository"]) / args["model_version"])
+        self.model.load()
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:  # one response per request; errors reported per request
+            try:
+                sparse = pb_utils.get_input_tensor_by_name(request, "sparse").as_numpy()
+                dense = pb_utils.get_input_tensor_by_name(request, "dense").as_numpy()
+                score = self.model.score(sparse, dense).astype(np.float32).reshape(-1, 1)
+                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("score", score)]))
+            except Exception as error:
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(error))))
+        return responses

@@ -1,0 +1,1 @@
+"""The HTTP API: FastAPI app factory, schemas, routes."""

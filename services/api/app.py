@@ -1,0 +1,47 @@
+"""The FastAPI application factory; settings and clients are built in the lifespan."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from pipelines.errors import CascadeError
+from services.api.limits import BodySizeLimit
+from services.api.routes import feedback, health, recommend
+from services.errors import http_status
+from services.gateway import Gateway
+from services.settings import Settings
+
+
+def create_app(settings: Settings | None = None, gateway: Gateway | None = None) -> FastAPI:
+    """Build the app; ``gateway`` lets tests inject stores and backends."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        chosen = gateway or Gateway(settings or Settings())
+        app.state.gateway = chosen
+        await chosen.start()
+        try:
+            yield
+        finally:
+            await chosen.close()
+
+    app = FastAPI(
+        title="Cascade",
+        version="0.1.0",
+        lifespan=lifespan,
+        description="Multi-stage recommendation: retrieval, filtering, scoring, ordering.",
+    )
+    for module in (recommend, feedback, health):
+        app.include_router(module.router)
+
+    @app.exception_handler(CascadeError)
+    async def domain_error(request: Request, error: CascadeError) -> JSONResponse:
+        return JSONResponse({"detail": str(error)}, status_code=http_status(error))
+
+    max_bytes = (settings or (gateway.settings if gateway else None) or Settings()).max_body_bytes
+    app.add_middleware(BodySizeLimit, max_bytes=max_bytes)
+    return app

@@ -1,0 +1,16 @@
+"""Dependencies shared by the routes."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from services.gateway import Gateway
+
+
+def get_gateway(request: Request) -> Gateway:
+    return request.app.state.gateway  # type: ignore[no-any-return]
+
+
+GatewayDep = Annotated[Gateway, Depends(get_gateway)]

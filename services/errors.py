@@ -1,0 +1,32 @@
+"""Domain errors of the serving side and their one mapping to HTTP statuses.
+
+Stages never raise HTTP errors; they degrade. What reaches the API layer is one of these.
+"""
+
+from __future__ import annotations
+
+from pipelines.errors import ArtifactError, CascadeError
+
+__all__ = ["ArtifactError", "CascadeError", "DependencyUnavailable", "NotReady", "http_status"]
+
+
+class DependencyUnavailable(CascadeError):
+    """A dependency (Redis, Triton) failed, timed out, or its circuit breaker is open."""
+
+    def __init__(self, dependency: str, reason: str) -> None:
+        self.dependency = dependency
+        self.reason = reason
+        super().__init__(f"{dependency}: {reason}")
+
+
+class NotReady(CascadeError):
+    """No release is loaded, so no answer at all is possible."""
+
+
+def http_status(error: CascadeError) -> int:
+    """The HTTP status of a domain error."""
+    if isinstance(error, NotReady | DependencyUnavailable):
+        return 503
+    if isinstance(error, ArtifactError):
+        return 500
+    return 500

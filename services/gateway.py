@@ -1,0 +1,124 @@
+"""Assembles the serving system from settings: store, inference backend, releases, stages.
+
+Nothing connects in the constructor; ``start()`` loads and connects (driven by the FastAPI
+lifespan), ``close()`` releases.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+
+from services.context import RequestContext
+from services.errors import NotReady
+from services.inference.backends import InferenceBackend, LocalBackend
+from services.materialize import materialize
+from services.recommender import Recommender
+from services.release import Release, load_release
+from services.resilience import CircuitBreaker
+from services.routing import VersionRouter
+from services.rules import Rules, load_rules
+from services.settings import Settings
+from services.stages.features import FeaturesStage
+from services.stages.filtering import FilteringStage
+from services.stages.ordering import OrderingStage
+from services.stages.retrieval import RetrievalStage
+from services.stages.scoring import ScoringStage
+from services.stores.base import OnlineStore
+from services.stores.memory import InMemoryStore
+from services.stores.redis import RedisStore
+
+log = logging.getLogger(__name__)
+
+
+def make_store(settings: Settings) -> OnlineStore:
+    if settings.redis.url:
+        return RedisStore(settings.redis.url, settings.redis.namespace)
+    return InMemoryStore()
+
+
+def make_backend(settings: Settings) -> InferenceBackend:
+    if settings.triton.url:
+        from services.inference.triton import TritonBackend
+
+        return TritonBackend(settings.triton.url, settings.triton.protocol)
+    return LocalBackend(settings.artifacts / "model_repository")
+
+
+class Gateway:
+    """Everything one gateway process serves with."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: OnlineStore | None = None,
+        backend: InferenceBackend | None = None,
+    ) -> None:
+        self.settings = settings
+        self.store = store or make_store(settings)
+        self.backend = backend or make_backend(settings)
+        self.releases: dict[int, Release] = {}
+        self.rules: Rules = Rules()
+        self.router: VersionRouter | None = None
+        self.redis_breaker = CircuitBreaker("redis", settings.redis.breaker)
+        self.triton_breaker = CircuitBreaker("triton", settings.triton.breaker)
+        self.recommender: Recommender | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.recommender is not None
+
+    async def start(self) -> None:
+        settings = self.settings
+        self.rules = load_rules(settings.rules_file)
+        default = load_release(settings.artifacts, settings.model_version)
+        self.releases[default.version] = default
+        if settings.canary_version is not None:
+            self.releases[settings.canary_version] = load_release(
+                settings.artifacts, settings.canary_version
+            )
+        self.router = VersionRouter(
+            default.version, settings.canary_version, settings.canary_percent
+        )
+        await self.store.start()
+        if isinstance(self.store, InMemoryStore):  # the embedded default starts empty
+            count = await materialize(
+                self.store, settings.artifacts / "releases" / str(default.version)
+            )
+            log.info("in-memory store loaded with %d users", count)
+        await self.backend.start(sorted(self.releases))
+        redis_s, triton_s = settings.redis.timeout_ms / 1000, settings.triton.timeout_ms / 1000
+        self.recommender = Recommender(
+            [
+                FeaturesStage(self.store, self.redis_breaker, redis_s),
+                RetrievalStage(
+                    self.releases, self.backend, self.triton_breaker, triton_s, settings.candidates
+                ),
+                FilteringStage(self.releases, self.rules),
+                ScoringStage(self.releases, self.backend, self.triton_breaker, triton_s),
+                OrderingStage(self.releases, self.rules),
+            ]
+        )
+
+    async def close(self) -> None:
+        self.recommender = None
+        await self.backend.close()
+        await self.store.close()
+
+    async def recommend(
+        self, user_id: int, k: int, context: dict, exclude: list[int], model_version: int | None
+    ) -> tuple[RequestContext, Release]:
+        if self.recommender is None or self.router is None:
+            raise NotReady("no release is loaded")
+        version = self.router.route(user_id, model_version)
+        ctx = RequestContext(
+            user_id=user_id,
+            k=k,
+            timestamp=int(time.time()),
+            model_version=version,
+            context=dict(context),
+            exclude=np.asarray(exclude, dtype=np.int64),
+        )
+        return await self.recommender(ctx), self.releases[version]

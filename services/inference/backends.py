@@ -1,0 +1,66 @@
+"""Where the models run: in this process (embedded default) or on a Triton server.
+
+Both backends take the model version per call, so one gateway can serve a canary version
+beside the production one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+import numpy as np
+
+from services.inference.models import QueryTowerModel, RankingModel
+
+QUERY_TOWER = "query_tower"
+RANKER = "ranker"
+
+
+class InferenceBackend(ABC):
+    @abstractmethod
+    async def start(self, versions: list[int]) -> None:
+        """Prepare the given model versions."""
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+    @abstractmethod
+    async def encode_query(
+        self, version: int, user_features: np.ndarray, history: np.ndarray
+    ) -> np.ndarray:
+        """``[B, F]`` ids + ``[B, L]`` history -> ``[B, D]`` embeddings."""
+
+    @abstractmethod
+    async def rank(self, version: int, sparse: np.ndarray, dense: np.ndarray) -> np.ndarray:
+        """``[N, T]`` ids + ``[N, D]`` dense -> ``[N]`` scores (one call for all candidates)."""
+
+
+class LocalBackend(InferenceBackend):
+    """The exported ONNX/LightGBM artifacts run in process (worker threads; they release the GIL)."""
+
+    def __init__(self, model_repository: Path) -> None:
+        self.model_repository = model_repository
+        self.query: dict[int, QueryTowerModel] = {}
+        self.ranker: dict[int, RankingModel] = {}
+
+    async def start(self, versions: list[int]) -> None:
+        for version in versions:
+            query = QueryTowerModel(self.model_repository / QUERY_TOWER / str(version))
+            ranker = RankingModel(self.model_repository / RANKER / str(version))
+            await asyncio.to_thread(query.load)
+            await asyncio.to_thread(ranker.load)
+            self.query[version], self.ranker[version] = query, ranker
+
+    async def close(self) -> None:
+        self.query.clear()
+        self.ranker.clear()
+
+    async def encode_query(
+        self, version: int, user_features: np.ndarray, history: np.ndarray
+    ) -> np.ndarray:
+        return await asyncio.to_thread(self.query[version].encode, user_features, history)
+
+    async def rank(self, version: int, sparse: np.ndarray, dense: np.ndarray) -> np.ndarray:
+        return await asyncio.to_thread(self.ranker[version].score, sparse, dense)

@@ -1,0 +1,54 @@
+"""The lookup interface DLRM scoring uses for its embedding rows.
+
+``InMemoryTables`` holds every exported table in memory (memory-mapped ``.npy``). The
+hierarchical cache (device -> host -> Redis) implements the same interface.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+import numpy as np
+
+from pipelines.errors import ArtifactError
+
+
+class EmbeddingLookup(ABC):
+    """Batched lookup of embedding rows for every sparse column."""
+
+    @abstractmethod
+    def lookup(self, sparse: np.ndarray) -> np.ndarray:
+        """``sparse [N, T]`` int64 ids -> ``[N, T, D]`` float32 rows (ids out of range: row 0)."""
+
+
+class InMemoryTables(EmbeddingLookup):
+    """All rows of all tables in memory."""
+
+    def __init__(self, tables: list[np.ndarray]) -> None:
+        self.tables = tables
+        self.dim = tables[0].shape[1]
+
+    @classmethod
+    def load(cls, directory: Path) -> InMemoryTables:
+        spec_path = directory / "tables.json"
+        if not spec_path.is_file():
+            raise ArtifactError(f"{spec_path} is missing")
+        spec = json.loads(spec_path.read_text())
+        tables = [np.load(directory / f"{c}.npy", mmap_mode="r") for c in spec["columns"]]
+        for column, table in zip(spec["columns"], tables, strict=True):
+            if table.shape != (spec["rows"][column], spec["dim"]):
+                raise ArtifactError(
+                    f"{directory / column}.npy has shape {table.shape}, manifest says "
+                    f"({spec['rows'][column]}, {spec['dim']})"
+                )
+        return cls([np.ascontiguousarray(t) for t in tables])
+
+    def lookup(self, sparse: np.ndarray) -> np.ndarray:
+        out = np.empty((sparse.shape[0], len(self.tables), self.dim), dtype=np.float32)
+        for j, table in enumerate(self.tables):
+            ids = sparse[:, j]
+            ids = np.where((ids >= 0) & (ids < len(table)), ids, 0)
+            np.take(table, ids, axis=0, out=out[:, j])
+        return out

@@ -1,0 +1,47 @@
+"""``cascade materialize``: load a release's online tables into the online store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from pipelines.errors import ArtifactError
+from pipelines.features.rows import USER_ATTRIBUTES
+from services.stores.base import OnlineStore, UserRecord
+
+BATCH = 2_000
+
+
+def user_records(release_dir: Path) -> list[UserRecord]:
+    """Users (attributes as text), their recent positives and seen items, from a release."""
+    online = release_dir / "online"
+    for name in ("users.parquet", "histories.parquet"):
+        if not (online / name).is_file():
+            raise ArtifactError(
+                f"{online / name} is missing: re-export with `cascade train export`"
+            )
+    users = pd.read_parquet(online / "users.parquet")
+    histories = pd.read_parquet(online / "histories.parquet").set_index("user_id")
+    empty = np.zeros(0, np.int64)
+    records = []
+    for row in users.itertuples(index=False):
+        user_id = int(row.user_id)
+        attributes = {name: str(getattr(row, name)) for name in USER_ATTRIBUTES}
+        if user_id in histories.index:
+            history = histories.loc[user_id]
+            recent = np.asarray(history["recent"], np.int64)
+            seen = np.asarray(history["seen"], np.int64)
+        else:
+            recent, seen = empty, empty
+        records.append(UserRecord(user_id, attributes, recent, seen))
+    return records
+
+
+async def materialize(store: OnlineStore, release_dir: Path) -> int:
+    """Write every user of the release into ``store``; return how many."""
+    records = user_records(release_dir)
+    for start in range(0, len(records), BATCH):
+        await store.write_users(records[start : start + BATCH])
+    return len(records)

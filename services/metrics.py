@@ -1,0 +1,41 @@
+"""Prometheus metrics of the gateway (prefix ``cascade_``; label values from fixed sets)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+
+STAGES = ("features", "retrieval", "filtering", "scoring", "ordering")
+REASONS = (
+    "timeout",
+    "circuit_open",
+    "error",
+    "cold_start",
+    "too_few_candidates",
+    "bad_scores",
+)
+
+STAGE_LATENCY = Histogram(
+    "cascade_stage_latency_seconds",
+    "Time spent in each serving stage.",
+    ["stage"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+)
+REQUEST_LATENCY = Histogram(
+    "cascade_request_latency_seconds",
+    "End-to-end latency of /v1/recommend.",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+)
+FALLBACKS = Counter(
+    "cascade_fallback_total", "Fallbacks taken, by stage and reason.", ["stage", "reason"]
+)
+DEGRADED = Counter("cascade_degraded_responses_total", "Responses served with degraded: true.")
+RECOMMENDATIONS = Counter(
+    "cascade_recommendations_total",
+    "Recommendation responses per model version.",
+    ["model_version"],
+)
+FEEDBACK = Counter(
+    "cascade_feedback_events_total",
+    "Feedback events stored, per model version and type.",
+    ["model_version", "type"],
+)

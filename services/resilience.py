@@ -1,0 +1,66 @@
+"""Timeouts and circuit breakers around calls to Redis and Triton."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from services.errors import DependencyUnavailable
+from services.settings import BreakerSettings
+
+T = TypeVar("T")
+
+
+class CircuitBreaker:
+    """Closed -> (``failures`` in a row) -> open -> (after ``reset_s``) -> one trial call.
+
+    While open, calls fail at once (no waiting on a dead dependency); a successful trial
+    closes it again, a failed trial re-opens it.
+    """
+
+    def __init__(
+        self, name: str, settings: BreakerSettings, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.name = name
+        self.settings = settings
+        self.clock = clock
+        self.consecutive_failures = 0
+        self.opened_at: float | None = None
+
+    @property
+    def state(self) -> str:
+        if self.opened_at is None:
+            return "closed"
+        return "half_open" if self.clock() - self.opened_at >= self.settings.reset_s else "open"
+
+    def allow(self) -> bool:
+        return self.state != "open"
+
+    def record_success(self) -> None:
+        self.consecutive_failures = 0
+        self.opened_at = None
+
+    def record_failure(self) -> None:
+        self.consecutive_failures += 1
+        if self.state == "half_open" or self.consecutive_failures >= self.settings.failures:
+            self.opened_at = self.clock()
+
+    async def call(self, make_call: Callable[[], Awaitable[T]], timeout_s: float) -> T:
+        """Run ``make_call()`` within ``timeout_s``; raise DependencyUnavailable on any failure."""
+        if not self.allow():
+            raise DependencyUnavailable(self.name, "circuit_open")
+        try:
+            result = await asyncio.wait_for(make_call(), timeout_s)
+        except TimeoutError:
+            self.record_failure()
+            raise DependencyUnavailable(self.name, "timeout") from None
+        except DependencyUnavailable:
+            self.record_failure()
+            raise
+        except Exception as error:  # any client error means the dependency did not answer
+            self.record_failure()
+            raise DependencyUnavailable(self.name, "error") from error
+        self.record_success()
+        return result

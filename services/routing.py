@@ -1,0 +1,30 @@
+"""Per-request model version selection: explicit request, canary split, or the default."""
+
+from __future__ import annotations
+
+import zlib
+
+
+class VersionRouter:
+    """Routes a stable share of users to a canary version; the rest to the default."""
+
+    def __init__(
+        self, default: int, canary: int | None = None, canary_percent: float = 0.0
+    ) -> None:
+        self.default = default
+        self.canary = canary
+        self.canary_percent = canary_percent
+
+    @property
+    def versions(self) -> list[int]:
+        return sorted({self.default, *([self.canary] if self.canary is not None else [])})
+
+    def route(self, user_id: int, requested: int | None = None) -> int:
+        """``requested`` when it is a served version; else the user's stable bucket decides."""
+        if requested is not None and requested in self.versions:
+            return requested
+        if self.canary is not None and self.canary_percent > 0:
+            bucket = zlib.crc32(str(user_id).encode()) % 10_000 / 100.0
+            if bucket < self.canary_percent:
+                return self.canary
+        return self.default

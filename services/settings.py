@@ -1,0 +1,69 @@
+"""The gateway's one settings object: environment variables prefixed ``CASCADE_``.
+
+Nested settings use ``__`` as the separator, e.g. ``CASCADE_REDIS__TIMEOUT_MS=30``.
+With neither ``CASCADE_REDIS__URL`` nor ``CASCADE_TRITON__URL`` set, the gateway runs the
+embedded default: the exported artifacts in process and an in-memory store.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class BreakerSettings(BaseModel):
+    """Circuit breaker: open after ``failures`` consecutive failures, retry after ``reset_s``."""
+
+    failures: int = Field(5, ge=1, description="Consecutive failures that open the breaker.")
+    reset_s: float = Field(2.0, gt=0, description="Seconds before a half-open trial call.")
+
+
+class RedisSettings(BaseModel):
+    """Online store."""
+
+    url: str | None = Field(None, description="redis://host:port/db; unset = in-memory store.")
+    timeout_ms: float = Field(25.0, gt=0, description="Per-call timeout of the request path.")
+    namespace: str = Field("cascade", description="Key prefix (keys are versioned below it).")
+    breaker: BreakerSettings = BreakerSettings()
+
+
+class TritonSettings(BaseModel):
+    """Inference server."""
+
+    url: str | None = Field(None, description="host:port of Triton; unset = in-process models.")
+    protocol: Literal["http", "grpc"] = Field("http", description="Triton client protocol.")
+    timeout_ms: float = Field(40.0, gt=0, description="Per-call timeout of one inference.")
+    breaker: BreakerSettings = BreakerSettings()
+
+
+class Settings(BaseSettings):
+    """Everything the gateway reads at start-up, validated once."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="CASCADE_", env_nested_delimiter="__", extra="forbid"
+    )
+
+    artifacts: Path = Field(
+        Path("artifacts"), description="Export root (releases/, model_repository/)."
+    )
+    model_version: int | None = Field(None, ge=1, description="Release to serve; unset = latest.")
+    canary_version: int | None = Field(None, ge=1, description="Second release for a canary split.")
+    canary_percent: float = Field(
+        0.0, ge=0, le=100, description="Share of users routed to the canary."
+    )
+    redis: RedisSettings = RedisSettings()
+    triton: TritonSettings = TritonSettings()
+    k_default: int = Field(20, ge=1, le=500)
+    k_max: int = Field(500, ge=1, le=500, description="Largest k a request may ask for.")
+    candidates: int = Field(300, ge=1, le=5000, description="Retrieval candidate count.")
+    rules_file: Path | None = Field(None, description="YAML ordering rules; unset = no rules.")
+    max_body_bytes: int = Field(65_536, ge=1024, description="Requests larger than this get 413.")
+
+    @model_validator(mode="after")
+    def _canary_needs_a_version(self) -> Settings:
+        if self.canary_percent > 0 and self.canary_version is None:
+            raise ValueError("canary_percent > 0 needs canary_version")
+        return self

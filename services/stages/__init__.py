@@ -1,0 +1,1 @@
+"""The serving stages, one per module, all with the ``Stage`` call shape."""

@@ -1,0 +1,27 @@
+"""Features stage: the user's record, recent history, seen set and the unavailable items,
+in one pipelined store round trip."""
+
+from __future__ import annotations
+
+from services.context import RequestContext
+from services.errors import DependencyUnavailable
+from services.resilience import CircuitBreaker
+from services.stores.base import OnlineStore
+
+
+class FeaturesStage:
+    name = "features"
+
+    def __init__(self, store: OnlineStore, breaker: CircuitBreaker, timeout_s: float) -> None:
+        self.store = store
+        self.breaker = breaker
+        self.timeout_s = timeout_s
+
+    async def __call__(self, ctx: RequestContext) -> RequestContext:
+        try:
+            found = await self.breaker.call(lambda: self.store.lookup(ctx.user_id), self.timeout_s)
+        except DependencyUnavailable as error:
+            ctx.degrade(self.name, error.reason)  # served as a cold start from here on
+            return ctx
+        ctx.user, ctx.unavailable = found.user, found.unavailable
+        return ctx

@@ -1,0 +1,85 @@
+"""Retrieval stage: query tower -> user embedding -> ANN search over the item index.
+
+Unknown users (and any failure) get popularity candidates instead.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pipelines.features.spec import USER_TOWER_COLUMNS
+from pipelines.features.workflow import Workflow
+from services.context import RequestContext
+from services.errors import DependencyUnavailable
+from services.inference.backends import InferenceBackend
+from services.release import Release
+from services.resilience import CircuitBreaker
+from services.stores.base import UserRecord
+
+
+def query_inputs(
+    workflow: Workflow, user: UserRecord, history_length: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """``[1, F]`` user id-features and ``[1, history_length]`` history (left-padded with 0)."""
+    raw = {"user_id": np.asarray([user.user_id], dtype=np.int64)}
+    raw.update({name: np.asarray([value], dtype=object) for name, value in user.attributes.items()})
+    encoded = workflow.transform(raw, partial=True)
+    features = np.stack([encoded[c] for c in USER_TOWER_COLUMNS], axis=1).astype(np.int64)
+    recent = np.asarray(user.recent, dtype=np.int64)[-history_length:]
+    history = np.zeros((1, history_length), dtype=np.int64)
+    if len(recent):
+        ids = workflow.transform({"item_id": recent}, partial=True)["item_id_idx"]
+        history[0, history_length - len(ids) :] = ids
+    return features, history
+
+
+def popularity_candidates(release: Release, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``count`` most popular catalog positions, scored by descending rank in (0, 1]."""
+    positions = release.popularity[:count]
+    return positions, (1.0 - np.arange(len(positions), dtype=np.float32) / max(len(positions), 1))
+
+
+class RetrievalStage:
+    name = "retrieval"
+
+    def __init__(
+        self,
+        releases: dict[int, Release],
+        backend: InferenceBackend,
+        breaker: CircuitBreaker,
+        timeout_s: float,
+        candidates: int,
+    ) -> None:
+        self.releases = releases
+        self.backend = backend
+        self.breaker = breaker
+        self.timeout_s = timeout_s
+        self.candidates = candidates
+
+    async def __call__(self, ctx: RequestContext) -> RequestContext:
+        release = self.releases[ctx.model_version]
+        wanted = max(self.candidates, ctx.k)
+        if ctx.user is None:
+            ctx.candidates, ctx.retrieval_scores = popularity_candidates(release, wanted)
+            return ctx
+        length = int(release.manifest["config"]["history_length"])
+        features, history = query_inputs(release.workflow, ctx.user, length)
+        try:
+            embedding = await self.breaker.call(
+                lambda: self.backend.encode_query(ctx.model_version, features, history),
+                self.timeout_s,
+            )
+        except DependencyUnavailable as error:
+            ctx.degrade(self.name, error.reason)
+            ctx.candidates, ctx.retrieval_scores = popularity_candidates(release, wanted)
+            return ctx
+        embedding = np.asarray(embedding, dtype=np.float32)
+        if embedding.shape != (1, release.index.d) or not np.isfinite(embedding).all():
+            ctx.degrade(self.name, "bad_scores")
+            ctx.candidates, ctx.retrieval_scores = popularity_candidates(release, wanted)
+            return ctx
+        scores, positions = release.index.search(embedding, min(wanted, release.index.ntotal))
+        found = positions[0] >= 0
+        ctx.candidates = positions[0][found].astype(np.int64)
+        ctx.retrieval_scores = scores[0][found].astype(np.float32)
+        return ctx

@@ -1,0 +1,73 @@
+"""Scoring stage: one inference call for all candidates (DLRM + tree model, blended).
+
+Features for (user, candidate, now) rows come from the release's fitted workflow, the same
+code the training rows went through. On failure or bad output the candidates keep their
+retrieval order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pipelines.features.ops import Columns
+from pipelines.features.rows import USER_ATTRIBUTES
+from pipelines.features.spec import DENSE, GENRES, SPARSE_COLUMNS
+from services.context import RequestContext
+from services.errors import DependencyUnavailable
+from services.inference.backends import InferenceBackend
+from services.release import Release
+from services.resilience import CircuitBreaker
+
+
+def ranking_inputs(release: Release, ctx: RequestContext) -> tuple[np.ndarray, np.ndarray]:
+    """``sparse [N, T]`` and ``dense [N, D]`` for the candidates of this request."""
+    n = len(ctx.candidates)
+    item_ids = release.item_ids[ctx.candidates]
+    attributes = ctx.user.attributes if ctx.user is not None else {}
+    rows: Columns = {
+        "user_id": np.full(n, ctx.user_id, dtype=np.int64),
+        "item_id": item_ids,
+        "timestamp": np.full(n, ctx.timestamp, dtype=np.int64),
+    }
+    for name in USER_ATTRIBUTES:
+        rows[name] = np.full(n, attributes.get(name), dtype=object)
+    rows.update(release.items.lookup(item_ids))
+    encoded = release.workflow.transform(rows)
+    sparse = np.stack([encoded[c] for c in SPARSE_COLUMNS], axis=1).astype(np.int64)
+    dense = np.concatenate([encoded[DENSE], encoded[GENRES]], axis=1).astype(np.float32)
+    return sparse, dense
+
+
+class ScoringStage:
+    name = "scoring"
+
+    def __init__(
+        self,
+        releases: dict[int, Release],
+        backend: InferenceBackend,
+        breaker: CircuitBreaker,
+        timeout_s: float,
+    ) -> None:
+        self.releases = releases
+        self.backend = backend
+        self.breaker = breaker
+        self.timeout_s = timeout_s
+
+    async def __call__(self, ctx: RequestContext) -> RequestContext:
+        ctx.scores = ctx.retrieval_scores
+        if len(ctx.candidates) == 0:
+            return ctx
+        sparse, dense = ranking_inputs(self.releases[ctx.model_version], ctx)
+        try:
+            logits = await self.breaker.call(
+                lambda: self.backend.rank(ctx.model_version, sparse, dense), self.timeout_s
+            )
+        except DependencyUnavailable as error:
+            ctx.degrade(self.name, error.reason)
+            return ctx
+        logits = np.asarray(logits, dtype=np.float32).reshape(-1)
+        if logits.shape != (len(ctx.candidates),) or not np.isfinite(logits).all():
+            ctx.degrade(self.name, "bad_scores")
+            return ctx
+        ctx.scores = (1.0 / (1.0 + np.exp(-logits))).astype(np.float32)
+        return ctx
