@@ -135,14 +135,23 @@ def write_online_tables(dataset: RawDataset, directory: Path, history_length: in
     dataset.users.to_parquet(directory / "users.parquet", index=False)
     dataset.items.to_parquet(directory / "items.parquet", index=False)
     ordered = dataset.interactions.sort_values(["user_id", "timestamp"], kind="stable")
-    positives = ordered[ordered["rating"] >= POSITIVE_RATING]
-    recent = positives.groupby("user_id")["item_id"].agg(lambda s: s.to_numpy()[-history_length:])
-    seen = ordered.groupby("user_id")["item_id"].agg(lambda s: np.unique(s.to_numpy()))
-    histories = pd.DataFrame({"user_id": seen.index.to_numpy()})
-    histories["seen"] = seen.to_numpy()
-    histories["recent"] = [
-        recent.get(u, np.array([], np.int64)) for u in histories["user_id"].to_numpy()
-    ]
+
+    def per_user(table: pd.DataFrame) -> tuple[np.ndarray, list[np.ndarray]]:
+        users, items = table["user_id"].to_numpy(), table["item_id"].to_numpy()
+        bounds = np.flatnonzero(np.diff(users)) + 1
+        return users[np.r_[0, bounds]] if len(users) else users, np.split(items, bounds)
+
+    user_ids, seen = per_user(ordered)
+    liked_users, liked = per_user(ordered[ordered["rating"] >= POSITIVE_RATING])
+    recent = dict(zip(liked_users.tolist(), liked, strict=True))
+    empty = np.zeros(0, np.int64)
+    histories = pd.DataFrame(
+        {
+            "user_id": user_ids,
+            "seen": [np.unique(s) for s in seen],
+            "recent": [recent.get(u, empty)[-history_length:] for u in user_ids.tolist()],
+        }
+    )
     histories.to_parquet(directory / "histories.parquet", index=False)
 
 

@@ -27,7 +27,7 @@ def user_records(release_dir: Path) -> list[UserRecord]:
     empty = np.zeros(0, np.int64)
     records = []
     for row in users.itertuples(index=False):
-        user_id = int(row.user_id)
+        user_id = int(row.user_id)  # type: ignore[arg-type]
         attributes = {name: str(getattr(row, name)) for name in USER_ATTRIBUTES}
         if user_id in histories.index:
             history = histories.loc[user_id]

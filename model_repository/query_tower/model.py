@@ -7,6 +7,9 @@ import triton_python_backend_utils as pb_utils
 
 from services.inference.models import QueryTowerModel
 
+# Tensors cross the stub boundary through DLPack: the stub shipped in the nvidia-pytriton
+# wheel reads and writes numpy 2 arrays incorrectly through as_numpy()/Tensor().
+
 
 class TritonPythonModel:
     def initialize(self, args):
@@ -17,11 +20,15 @@ class TritonPythonModel:
         responses = []
         for request in requests:  # one response per request; errors reported per request
             try:
-                features = pb_utils.get_input_tensor_by_name(request, "user_features").as_numpy()
-                history = pb_utils.get_input_tensor_by_name(request, "history").as_numpy()
+                features = np.from_dlpack(
+                    pb_utils.get_input_tensor_by_name(request, "user_features")
+                )
+                history = np.from_dlpack(pb_utils.get_input_tensor_by_name(request, "history"))
                 embedding = self.model.encode(features, history).astype(np.float32)
                 responses.append(
-                    pb_utils.InferenceResponse([pb_utils.Tensor("embedding", embedding)])
+                    pb_utils.InferenceResponse(
+                        [pb_utils.Tensor.from_dlpack("embedding", embedding)]
+                    )
                 )
             except Exception as error:
                 responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(error))))

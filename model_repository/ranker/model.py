@@ -7,6 +7,9 @@ import triton_python_backend_utils as pb_utils
 
 from services.inference.models import RankingModel
 
+# Tensors cross the stub boundary through DLPack: the stub shipped in the nvidia-pytriton
+# wheel reads and writes numpy 2 arrays incorrectly through as_numpy()/Tensor().
+
 
 class TritonPythonModel:
     def initialize(self, args):
@@ -17,10 +20,12 @@ class TritonPythonModel:
         responses = []
         for request in requests:  # one response per request; errors reported per request
             try:
-                sparse = pb_utils.get_input_tensor_by_name(request, "sparse").as_numpy()
-                dense = pb_utils.get_input_tensor_by_name(request, "dense").as_numpy()
+                sparse = np.from_dlpack(pb_utils.get_input_tensor_by_name(request, "sparse"))
+                dense = np.from_dlpack(pb_utils.get_input_tensor_by_name(request, "dense"))
                 score = self.model.score(sparse, dense).astype(np.float32).reshape(-1, 1)
-                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("score", score)]))
+                responses.append(
+                    pb_utils.InferenceResponse([pb_utils.Tensor.from_dlpack("score", score)])
+                )
             except Exception as error:
                 responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(error))))
         return responses

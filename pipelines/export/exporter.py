@@ -18,8 +18,8 @@ from pipelines.export.onnx_models import export_dlrm_dense, export_query_tower
 from pipelines.export.repository import VersionWriter
 from pipelines.features.spec import SPARSE_COLUMNS
 from pipelines.features.workflow import Workflow
-from pipelines.prepare import RetrievalData
 from pipelines.models.gbm import TREE_CATEGORICAL
+from pipelines.prepare import RetrievalData
 from pipelines.training.ranking import build_dlrm, ranking_inputs
 from pipelines.training.retrieval import build_two_tower
 

@@ -10,7 +10,8 @@ from services.gateway import Gateway
 
 
 def get_gateway(request: Request) -> Gateway:
-    return request.app.state.gateway  # type: ignore[no-any-return]
+    gateway: Gateway = request.app.state.gateway
+    return gateway
 
 
 GatewayDep = Annotated[Gateway, Depends(get_gateway)]

@@ -38,7 +38,7 @@ class InferenceBackend(ABC):
 
 
 class LocalBackend(InferenceBackend):
-    """The exported ONNX/LightGBM artifacts run in process (worker threads; they release the GIL)."""
+    """The exported ONNX/LightGBM artifacts in process (in worker threads: they release the GIL)."""
 
     def __init__(self, model_repository: Path) -> None:
         self.model_repository = model_repository

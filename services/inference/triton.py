@@ -55,7 +55,8 @@ class TritonBackend(InferenceBackend):
             model_version=str(version),
             outputs=[self._module.InferRequestedOutput(output)],
         )
-        return result.as_numpy(output)  # type: ignore[no-any-return]
+        values: np.ndarray = result.as_numpy(output)
+        return values
 
     async def encode_query(
         self, version: int, user_features: np.ndarray, history: np.ndarray

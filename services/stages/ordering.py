@@ -65,7 +65,7 @@ class OrderingStage:
             and len(positions) > ctx.k
             and self.rng.random() < self.rules.exploration.epsilon
         ):
-            pick = self.rng.integers(ctx.k, len(positions))
+            pick = int(self.rng.integers(ctx.k, len(positions)))
             positions[[ctx.k - 1, pick]] = positions[[pick, ctx.k - 1]]
         positions, scores = positions[: ctx.k], scores[: ctx.k]
         ctx.candidates, ctx.scores = (

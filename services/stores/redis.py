@@ -4,6 +4,7 @@ for feedback. A user lookup is one pipelined round trip."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import redis.asyncio as aioredis
@@ -97,9 +98,9 @@ class RedisStore(OnlineStore):
         pipe = self.client.pipeline(transaction=True)  # MULTI/EXEC: all events or none
         for event in checked:
             pipe.xadd(self.key("feedback"), event)  # type: ignore[arg-type]
-        ids = await pipe.execute()
+        ids: list[bytes] = await pipe.execute()
         return [i.decode() for i in ids]
 
     async def read_feedback(self, count: int = 1000) -> list[dict[str, str]]:
-        entries = await self.client.xrange(self.key("feedback"), count=count)
+        entries: Any = await self.client.xrange(self.key("feedback"), count=count)
         return [{k.decode(): v.decode() for k, v in fields.items()} for _, fields in entries]
