@@ -2,6 +2,7 @@
 
 ``cascade train`` runs the offline pipeline (with no arguments: the whole pipeline on
 MovieLens-100K) and prints the path of its ``report.json`` as its last line.
+``cascade serve`` starts the gateway; ``cascade materialize`` fills the online store.
 """
 
 from __future__ import annotations
@@ -97,16 +98,146 @@ def _run_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve_parser(commands: Any) -> None:
+    parser = commands.add_parser(
+        "serve",
+        help="serve POST /v1/recommend (embedded default, or Redis + a real Triton)",
+        description="Start the gateway. Settings come from CASCADE_* environment variables "
+        "(see services/settings.py). With --triton, a Triton server from the "
+        "nvidia-pytriton wheel is started on the export's model repository first.",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind")
+    parser.add_argument("--port", type=int, default=8080, help="port of the gateway")
+    parser.add_argument(
+        "--artifacts",
+        type=Path,
+        default=None,
+        help="export root (default: CASCADE_ARTIFACTS or ./artifacts)",
+    )
+    parser.add_argument(
+        "--triton", action="store_true", help="start a local Triton server and use it"
+    )
+    parser.add_argument(
+        "--triton-http-port", type=int, default=8000, help="Triton HTTP port (with --triton)"
+    )
+    parser.add_argument(
+        "--materialize", action="store_true", help="load the release's users into Redis first"
+    )
+    parser.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
+
+
+def _materialize_parser(commands: Any) -> None:
+    parser = commands.add_parser(
+        "materialize",
+        help="load a release's users, histories and seen sets into the online store",
+        description="Write every user of a release (attributes, recent history, seen items) into "
+        "the Redis at CASCADE_REDIS__URL (or --redis-url), pipelined and versioned.",
+    )
+    parser.add_argument(
+        "--artifacts", type=Path, default=None, help="export root (default: ./artifacts)"
+    )
+    parser.add_argument(
+        "--version", type=int, default=None, help="release version (default: latest)"
+    )
+    parser.add_argument(
+        "--redis-url", default=None, help="redis://host:port/db (default: CASCADE_REDIS__URL)"
+    )
+
+
+def _settings(args: argparse.Namespace, **overrides: Any) -> Any:
+    from services.settings import Settings
+
+    if args.artifacts is not None:
+        overrides["artifacts"] = args.artifacts
+    return Settings(**overrides)
+
+
+def _run_materialize(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from pipelines.export.repository import latest_version
+    from services.materialize import materialize
+    from services.stores.redis import RedisStore
+
+    settings = _settings(args)
+    url = args.redis_url or settings.redis.url
+    if not url:
+        raise CascadeError("no Redis to materialize into: set CASCADE_REDIS__URL or --redis-url")
+    version = args.version or latest_version(settings.artifacts)
+    if version is None:
+        raise CascadeError(f"no release under {settings.artifacts}: run `cascade train` first")
+
+    async def run() -> int:
+        store = RedisStore(url, settings.redis.namespace)
+        await store.start()
+        try:
+            return await materialize(store, settings.artifacts / "releases" / str(version))
+        finally:
+            await store.close()
+
+    count = asyncio.run(run())
+    print(f"materialized {count} users of release {version} into {url}")
+    return 0
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    import os
+
+    import uvicorn
+
+    from services.triton_server import TritonServer
+
+    settings = _settings(args)
+    server = None
+    if args.triton:
+        server = TritonServer(
+            settings.artifacts / "model_repository",
+            http_port=args.triton_http_port,
+            grpc_port=args.triton_http_port + 1,
+            metrics_port=args.triton_http_port + 2,
+            log_file=settings.artifacts / "tritonserver.log",
+        )
+        print(f"starting tritonserver on {server.http_url} (log: {server.log_file})", flush=True)
+        server.start()
+        os.environ["CASCADE_TRITON__URL"] = server.http_url
+    try:
+        if args.materialize:
+            _run_materialize(
+                argparse.Namespace(artifacts=args.artifacts, version=None, redis_url=None)
+            )
+        if args.artifacts is not None:
+            os.environ["CASCADE_ARTIFACTS"] = str(args.artifacts)
+        uvicorn.run(
+            "services.api.app:create_app",
+            factory=True,
+            host=args.host,
+            port=args.port,
+            workers=args.workers,
+            log_level="warning",
+            access_log=False,
+        )
+    finally:
+        if server is not None:
+            server.stop()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="cascade", description="Cascade: multi-stage recommendation."
     )
     commands = parser.add_subparsers(dest="command", required=True)
     _train_parser(commands)
+    _serve_parser(commands)
+    _materialize_parser(commands)
     args = parser.parse_args(argv)
     try:
         if args.command == "train":
             return _run_train(args)
+        if args.command == "serve":
+            return _run_serve(args)
+        if args.command == "materialize":
+            return _run_materialize(args)
     except (CascadeError, ValidationError) as error:
         print(f"cascade: error: {error}", file=sys.stderr)
         return 2
