@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pipelines.data.schema import RawDataset
@@ -12,3 +14,37 @@ from pipelines.data.synthetic import make_synthetic
 def small_dataset() -> RawDataset:
     """A few thousand synthetic interactions in the MovieLens schema."""
     return make_synthetic(n_users=300, n_items=400, n_interactions=12_000, seed=7)
+
+
+@pytest.fixture(scope="session")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An export root with one release, trained briefly on a small synthetic dataset."""
+    from pipelines.config import TrainConfig
+    from pipelines.pipeline import run_pipeline
+
+    root = tmp_path_factory.mktemp("export")
+    config = TrainConfig(two_tower_epochs=2, bpr_epochs=1, dlrm_epochs=1, gbm_rounds=20)
+    run_pipeline(
+        root / "work",
+        root,
+        config,
+        dataset="synthetic",
+        synthetic_size=(300, 400, 15_000),
+        log=lambda _: None,
+    )
+    return root
+
+
+def redis_url(db: int = 9) -> str | None:
+    """The test Redis (CASCADE_TEST_REDIS_URL or the local default) if it answers, else None."""
+    import os
+    import socket
+
+    url = os.environ.get("CASCADE_TEST_REDIS_URL", f"redis://127.0.0.1:6379/{db}")
+    host_port = url.split("//", 1)[1].split("/", 1)[0]
+    host, port = host_port.rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=0.5):
+            return url
+    except OSError:
+        return None

@@ -1,0 +1,79 @@
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from services.errors import DependencyUnavailable
+from services.resilience import CircuitBreaker
+from services.settings import BreakerSettings
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def _fail() -> None:
+    raise ConnectionError("refused")
+
+
+async def _ok() -> str:
+    return "ok"
+
+
+async def test_opens_after_consecutive_failures_and_then_fails_fast() -> None:
+    clock = Clock()
+    breaker = CircuitBreaker("redis", BreakerSettings(failures=2, reset_s=5), clock)
+    for _ in range(2):
+        with pytest.raises(DependencyUnavailable, match="redis: error"):
+            await breaker.call(_fail, 1.0)
+    assert breaker.state == "open"
+    calls = []
+
+    async def counted() -> str:
+        calls.append(1)
+        return "ok"
+
+    with pytest.raises(DependencyUnavailable, match="circuit_open"):
+        await breaker.call(counted, 1.0)
+    assert calls == []  # an open breaker does not even try
+
+
+async def test_half_open_trial_closes_on_success_and_reopens_on_failure() -> None:
+    clock = Clock()
+    breaker = CircuitBreaker("triton", BreakerSettings(failures=1, reset_s=5), clock)
+    with pytest.raises(DependencyUnavailable):
+        await breaker.call(_fail, 1.0)
+    clock.now = 6.0
+    assert breaker.state == "half_open"
+    with pytest.raises(DependencyUnavailable):
+        await breaker.call(_fail, 1.0)
+    assert breaker.state == "open"
+    clock.now = 12.0
+    assert await breaker.call(_ok, 1.0) == "ok"
+    assert breaker.state == "closed"
+
+
+async def test_timeout_is_a_failure_with_its_own_reason() -> None:
+    breaker = CircuitBreaker("triton", BreakerSettings(failures=3))
+
+    async def slow() -> None:
+        await asyncio.sleep(1)
+
+    with pytest.raises(DependencyUnavailable, match="timeout"):
+        await breaker.call(slow, 0.01)
+    assert breaker.consecutive_failures == 1
+
+
+async def test_success_resets_the_failure_count() -> None:
+    breaker = CircuitBreaker("redis", BreakerSettings(failures=2))
+    with pytest.raises(DependencyUnavailable):
+        await breaker.call(_fail, 1.0)
+    await breaker.call(_ok, 1.0)
+    with pytest.raises(DependencyUnavailable):
+        await breaker.call(_fail, 1.0)
+    assert breaker.state == "closed"

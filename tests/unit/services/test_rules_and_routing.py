@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipelines.errors import ConfigError
+from services.routing import VersionRouter
+from services.rules import load_rules
+
+
+def test_rules_load_from_yaml(tmp_path: Path) -> None:
+    path = tmp_path / "rules.yaml"
+    path.write_text(
+        "exclude:\n  - genres: [Horror]\n    max_user_age: 17\n"
+        "boosts:\n  - genres: [Comedy]\n    factor: 1.5\n    start: 2026-01-01\n    end: 2026-01-31\n"
+        "diversity: {max_per_genre: 2}\npinned:\n  - {item_id: 4, position: 0}\n"
+    )
+    rules = load_rules(path)
+    assert rules.diversity.max_per_genre == 2 and rules.pinned[0].item_id == 4
+    assert rules.exploration.epsilon == 0.0  # off by default
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("boosts:\n  - factor: 2\n", "a boost needs item_ids or genres"),
+        (
+            "boosts:\n  - {genres: [A], start: 2026-02-01, end: 2026-01-01}\n",
+            "start is after its end",
+        ),
+        ("diversity: {max_per_genre: 0}\n", "max_per_genre"),
+        ("pinned:\n  - {item_id: 1, position: -1}\n", "position"),
+        ("surprise: 1\n", "surprise"),
+        ("boosts: [\n", "not valid YAML"),
+    ],
+)
+def test_bad_rules_name_the_problem(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "rules.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_rules(path)
+
+
+def test_missing_rules_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_rules(tmp_path / "nope.yaml")
+
+
+def test_router_splits_users_stably_and_honours_explicit_versions() -> None:
+    router = VersionRouter(default=3, canary=4, canary_percent=25)
+    routed = [router.route(u) for u in range(4000)]
+    share = routed.count(4) / len(routed)
+    assert 0.2 < share < 0.3
+    assert routed == [router.route(u) for u in range(4000)]  # stable per user
+    assert router.route(1, requested=3) == 3 and router.route(1, requested=99) in (3, 4)
+    assert VersionRouter(default=3).route(7) == 3

@@ -1,0 +1,209 @@
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from services.context import RequestContext
+from services.release import Release, load_release
+from services.resilience import CircuitBreaker
+from services.rules import Boost, Diversity, Exclusion, Pin, Rules
+from services.settings import BreakerSettings
+from services.stages.filtering import FilteringStage
+from services.stages.ordering import OrderingStage, diversity_order
+from services.stages.retrieval import RetrievalStage
+from services.stages.scoring import ScoringStage
+from services.stores.base import UserRecord
+from tests.unit.services.fakes import FaultyBackend
+
+
+@pytest.fixture(scope="module")
+def release(exported: Path) -> Release:
+    return load_release(exported)
+
+
+def _ctx(release: Release, k: int = 10, user: UserRecord | None = None) -> RequestContext:
+    ctx = RequestContext(
+        user_id=user.user_id if user else 10**9,
+        k=k,
+        timestamp=1_700_000_000,
+        model_version=release.version,
+    )
+    ctx.user = user
+    return ctx
+
+
+def _user(release: Release, seen: int = 30) -> UserRecord:
+    return UserRecord(
+        7,
+        {"age": "30", "gender": "M", "occupation": "writer", "zip_code": "00042"},
+        recent=release.item_ids[:5],
+        seen=release.item_ids[release.popularity[:seen]],
+    )
+
+
+def _breaker() -> CircuitBreaker:
+    return CircuitBreaker("triton", BreakerSettings(failures=100))
+
+
+async def _backend(exported: Path, release: Release, mode: str = "ok") -> FaultyBackend:
+    backend = FaultyBackend(exported / "model_repository", mode)
+    await backend.start([release.version])
+    return backend
+
+
+async def test_retrieval_searches_the_index_for_a_known_user(
+    exported: Path, release: Release
+) -> None:
+    stage = RetrievalStage(
+        {release.version: release}, await _backend(exported, release), _breaker(), 1.0, 50
+    )
+    ctx = await stage(_ctx(release, user=_user(release)))
+    assert len(ctx.candidates) == 50 and not ctx.degraded
+    assert np.all(np.diff(ctx.retrieval_scores) <= 1e-6)  # best first
+    assert not np.array_equal(ctx.candidates, release.popularity[:50])
+
+
+async def test_retrieval_gives_popularity_to_unknown_users(
+    exported: Path, release: Release
+) -> None:
+    stage = RetrievalStage(
+        {release.version: release}, await _backend(exported, release), _breaker(), 1.0, 50
+    )
+    ctx = await stage(_ctx(release))
+    assert np.array_equal(ctx.candidates, release.popularity[:50]) and not ctx.degraded
+
+
+@pytest.mark.parametrize(
+    ("mode", "reason"), [("raise", "error"), ("nan", "bad_scores"), ("wrong_shape", "bad_scores")]
+)
+async def test_retrieval_falls_back_to_popularity(
+    exported: Path, release: Release, mode: str, reason: str
+) -> None:
+    stage = RetrievalStage(
+        {release.version: release}, await _backend(exported, release, mode), _breaker(), 1.0, 50
+    )
+    ctx = await stage(_ctx(release, user=_user(release)))
+    assert np.array_equal(ctx.candidates, release.popularity[:50])
+    assert ctx.reasons == [f"retrieval:{reason}"]
+
+
+async def test_filtering_removes_seen_unavailable_excluded_and_duplicates(release: Release) -> None:
+    user = _user(release, seen=20)
+    ctx = _ctx(release, k=5, user=user)
+    ctx.candidates = np.r_[release.popularity[:40], release.popularity[25:30]]  # duplicates
+    ctx.retrieval_scores = np.linspace(1, 0, len(ctx.candidates)).astype(np.float32)
+    ctx.unavailable = release.item_ids[release.popularity[[20, 21]]]
+    ctx.exclude = release.item_ids[release.popularity[[22]]]
+    ctx = await FilteringStage({release.version: release}, Rules())(ctx)
+    kept = set(ctx.candidates.tolist())
+    assert kept == set(release.popularity[23:40].tolist())
+    assert len(ctx.candidates) == len(kept) and not ctx.degraded
+
+
+async def test_filtering_fills_from_popularity_without_seen_or_duplicates(release: Release) -> None:
+    user = _user(release, seen=10)
+    ctx = _ctx(release, k=30, user=user)
+    ctx.candidates = release.popularity[5:15]  # half of them seen
+    ctx.retrieval_scores = np.ones(10, np.float32)
+    ctx = await FilteringStage({release.version: release}, Rules())(ctx)
+    assert len(ctx.candidates) == 30 and len(set(ctx.candidates.tolist())) == 30
+    assert not set(ctx.candidates.tolist()) & set(release.popularity[:10].tolist())
+    assert ctx.reasons == ["filtering:too_few_candidates"]
+
+
+async def test_genre_exclusion_applies_only_to_young_users(release: Release) -> None:
+    genre = release.primary_genre[release.popularity[0]]
+    rules = Rules(exclude=[Exclusion(genres=[genre], max_user_age=17)])
+    young, adult = _user(release, seen=0), _user(release, seen=0)
+    young.attributes["age"], adult.attributes["age"] = "12", "40"
+    for user, expect_genre in ((young, False), (adult, True)):
+        ctx = _ctx(release, k=5, user=user)
+        ctx.candidates = release.popularity[:50].copy()
+        ctx.retrieval_scores = np.ones(50, np.float32)
+        ctx = await FilteringStage({release.version: release}, rules)(ctx)
+        has_genre = any(genre in g.split("|") for g in release.genres[ctx.candidates])
+        assert has_genre is expect_genre
+
+
+async def test_scoring_replaces_retrieval_scores_with_model_scores(
+    exported: Path, release: Release
+) -> None:
+    stage = ScoringStage(
+        {release.version: release}, await _backend(exported, release), _breaker(), 1.0
+    )
+    ctx = _ctx(release, user=_user(release))
+    ctx.candidates, ctx.retrieval_scores = release.popularity[:40], np.ones(40, np.float32)
+    ctx = await stage(ctx)
+    assert (
+        ctx.scores.shape == (40,)
+        and np.all((ctx.scores > 0) & (ctx.scores < 1))
+        and not ctx.degraded
+    )
+
+
+@pytest.mark.parametrize(
+    ("mode", "reason"), [("nan", "bad_scores"), ("wrong_shape", "bad_scores"), ("raise", "error")]
+)
+async def test_scoring_keeps_retrieval_order_on_bad_output(
+    exported: Path, release: Release, mode: str, reason: str
+) -> None:
+    stage = ScoringStage(
+        {release.version: release}, await _backend(exported, release, mode), _breaker(), 1.0
+    )
+    ctx = _ctx(release, user=_user(release))
+    ctx.candidates, ctx.retrieval_scores = (
+        release.popularity[:40],
+        np.linspace(1, 0, 40).astype(np.float32),
+    )
+    ctx = await stage(ctx)
+    assert np.array_equal(ctx.scores, ctx.retrieval_scores) and ctx.reasons == [f"scoring:{reason}"]
+
+
+async def test_ordering_applies_boost_diversity_pin_and_cuts_to_k(release: Release) -> None:
+    positions = release.popularity[:60].copy()
+    scores = np.linspace(1.0, 0.5, 60).astype(np.float32)
+    last = int(positions[-1])
+    pinned_id = int(release.item_ids[release.popularity[100]])
+    rules = Rules(
+        boosts=[
+            Boost(
+                item_ids=[int(release.item_ids[last])],
+                factor=10.0,
+                start=dt.date(2023, 1, 1),
+                end=dt.date(2024, 1, 1),
+            )
+        ],
+        diversity=Diversity(max_per_genre=2),
+        pinned=[Pin(item_id=pinned_id, position=1)],
+    )
+    ctx = _ctx(release, k=8)
+    ctx.candidates, ctx.scores = positions, scores
+    ctx.context["_banned"] = np.zeros(0, np.int64)
+    ctx = await OrderingStage({release.version: release}, rules)(ctx)
+    assert len(ctx.candidates) == 8
+    assert ctx.candidates[0] == last  # boosted x10 inside its date range (ctx time is 2023-11)
+    assert release.item_ids[ctx.candidates[1]] == pinned_id
+    assert np.all(np.diff(ctx.scores) <= 0)
+    genres = release.primary_genre[np.delete(ctx.candidates, 1)]
+    assert max(np.unique(genres, return_counts=True)[1]) <= 2
+
+
+async def test_a_banned_item_is_never_pinned(release: Release) -> None:
+    pinned = int(release.popularity[100])
+    rules = Rules(pinned=[Pin(item_id=int(release.item_ids[pinned]), position=0)])
+    ctx = _ctx(release, k=5)
+    ctx.candidates, ctx.scores = (
+        release.popularity[:10].copy(),
+        np.linspace(1, 0, 10).astype(np.float32),
+    )
+    ctx.context["_banned"] = np.array([pinned])
+    ctx = await OrderingStage({release.version: release}, rules)(ctx)
+    assert pinned not in ctx.candidates.tolist()
+
+
+def test_diversity_order_keeps_the_first_items_of_each_genre() -> None:
+    genres = np.array(["a", "a", "b", "a", "b", "a", "c"])
+    assert diversity_order(genres, 2).tolist() == [0, 1, 2, 4, 6, 3, 5]
