@@ -13,7 +13,8 @@ def test_rules_load_from_yaml(tmp_path: Path) -> None:
     path = tmp_path / "rules.yaml"
     path.write_text(
         "exclude:\n  - genres: [Horror]\n    max_user_age: 17\n"
-        "boosts:\n  - genres: [Comedy]\n    factor: 1.5\n    start: 2026-01-01\n    end: 2026-01-31\n"
+        "boosts:\n  - genres: [Comedy]\n    factor: 1.5\n"
+        "    start: 2026-01-01\n    end: 2026-01-31\n"
         "diversity: {max_per_genre: 2}\npinned:\n  - {item_id: 4, position: 0}\n"
     )
     rules = load_rules(path)
