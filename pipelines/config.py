@@ -34,6 +34,11 @@ class TrainConfig(BaseModel):
     gbm_rounds: int = Field(
         400, ge=1, description="Most boosting rounds (early stopping on validation)."
     )
+    eval_users: int | None = Field(
+        None,
+        ge=1,
+        description="Evaluate retrieval on a seeded sample of this many users (all if unset).",
+    )
     threads: int = Field(2, ge=1, description="CPU threads for torch and LightGBM.")
 
     @field_validator("dlrm_dim")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +20,19 @@ from pipelines.config import TrainConfig
 from pipelines.errors import CascadeError
 
 
+def _option_type(annotation: Any) -> Any:
+    """The scalar type of a field annotation (``int | None`` -> ``int``)."""
+    options = [a for a in typing.get_args(annotation) if a is not type(None)]
+    return options[0] if options else annotation
+
+
 def _add_config_options(parser: argparse.ArgumentParser) -> None:
     """One ``--option`` per TrainConfig field, with the field's description as help."""
     for name, field in TrainConfig.model_fields.items():
         parser.add_argument(
             f"--{name.replace('_', '-')}",
             dest=name,
-            type=type(field.default),
+            type=_option_type(field.annotation),
             default=None,
             help=f"{field.description or ''} (default: {field.default})",
         )

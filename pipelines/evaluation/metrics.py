@@ -24,6 +24,8 @@ def retrieval_metrics(
     n_users: int,
     ks: tuple[int, ...] = KS,
     batch: int = 256,
+    max_users: int | None = None,
+    seed: int = 0,
 ) -> dict[str, float]:
     """Recall@k and NDCG@k with a full ranking over all items (no sampled negatives).
 
@@ -32,9 +34,12 @@ def retrieval_metrics(
         test: ``[n, 2]`` held-out positive (user, item) pairs.
         seen: ``[m, 2]`` pairs excluded from the ranking (training and validation items).
         n_users: number of users.
+        max_users: evaluate a seeded random sample of this many users (large catalogs).
     """
     truth = group_positives(test, n_users)
     users = np.asarray([u for u in range(n_users) if len(truth[u])])
+    if max_users is not None and len(users) > max_users:
+        users = np.sort(np.random.default_rng(seed).choice(users, max_users, replace=False))
     seen_by_user = group_positives(seen, n_users)
     k_max = max(ks)
     discounts = 1.0 / np.log2(np.arange(2, k_max + 2))

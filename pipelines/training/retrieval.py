@@ -82,7 +82,11 @@ def train_two_tower(
         )
 
     def validate(_: int) -> dict[str, float]:
-        return {"valid_recall@20": evaluate_two_tower(model, data, "valid")["recall@20"]}
+        return {
+            "valid_recall@20": evaluate_two_tower(model, data, "valid", config.eval_users)[
+                "recall@20"
+            ]
+        }
 
     return train_epochs(
         model.parameters(),
@@ -103,7 +107,7 @@ def _seen(data: RetrievalData, split: str) -> np.ndarray:
 
 
 def evaluate_two_tower(
-    model: TwoTower, data: RetrievalData, split: str = "test"
+    model: TwoTower, data: RetrievalData, split: str = "test", max_users: int | None = None
 ) -> dict[str, float]:
     items = item_embeddings(model, data)
     return retrieval_metrics(
@@ -111,6 +115,7 @@ def evaluate_two_tower(
         data.positives[split],
         _seen(data, split),
         len(data.user_ids),
+        max_users=max_users,
     )
 
 
@@ -136,13 +141,16 @@ def train_bpr(data: RetrievalData, config: TrainConfig) -> tuple[BPRMF, list[dic
 
 
 @torch.no_grad()
-def evaluate_bpr(model: BPRMF, data: RetrievalData, split: str = "test") -> dict[str, float]:
+def evaluate_bpr(
+    model: BPRMF, data: RetrievalData, split: str = "test", max_users: int | None = None
+) -> dict[str, float]:
     items = model.items.weight.numpy()
     return retrieval_metrics(
         lambda users: model.users.weight.numpy()[users] @ items.T,
         data.positives[split],
         _seen(data, split),
         len(data.user_ids),
+        max_users=max_users,
     )
 
 
@@ -153,13 +161,16 @@ def popularity(data: RetrievalData) -> np.ndarray:
     )
 
 
-def evaluate_popularity(data: RetrievalData, split: str = "test") -> dict[str, float]:
+def evaluate_popularity(
+    data: RetrievalData, split: str = "test", max_users: int | None = None
+) -> dict[str, float]:
     counts = popularity(data)
     return retrieval_metrics(
         lambda users: np.broadcast_to(counts, (len(users), len(counts))),
         data.positives[split],
         _seen(data, split),
         len(data.user_ids),
+        max_users=max_users,
     )
 
 
@@ -174,9 +185,9 @@ def run_retrieval(workdir: Path, config: TrainConfig) -> dict[str, Any]:
     bpr, bpr_curve = train_bpr(data, config)
     result = {
         "metrics": {
-            "two_tower": evaluate_two_tower(model, data),
-            "bpr_mf": evaluate_bpr(bpr, data),
-            "popularity": evaluate_popularity(data),
+            "two_tower": evaluate_two_tower(model, data, max_users=config.eval_users),
+            "bpr_mf": evaluate_bpr(bpr, data, max_users=config.eval_users),
+            "popularity": evaluate_popularity(data, max_users=config.eval_users),
         },
         "curves": {"two_tower": two_tower_curve, "bpr_mf": bpr_curve},
     }

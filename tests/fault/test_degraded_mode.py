@@ -33,9 +33,10 @@ def _free_port() -> int:
 
 async def _client(gateway: Gateway) -> AsyncIterator[httpx.AsyncClient]:
     app = create_app(gateway=gateway)
-    async with app.router.lifespan_context(app), httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), base_url="http://g"
-    ) as http:
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://g") as http,
+    ):
         yield http
 
 

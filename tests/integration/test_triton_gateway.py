@@ -43,7 +43,8 @@ class TritonPythonModel:
             sparse = np.from_dlpack(pb_utils.get_input_tensor_by_name(request, "sparse"))
             dense = np.from_dlpack(pb_utils.get_input_tensor_by_name(request, "dense"))
             score = self.model.score(sparse, dense).astype(np.float32).reshape(-1, 1)
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor.from_dlpack("score", score)]))
+            output = pb_utils.Tensor.from_dlpack("score", score)
+            responses.append(pb_utils.InferenceResponse([output]))
         return responses
 '''
 
@@ -64,7 +65,9 @@ def _start(repository: Path, log: Path) -> TritonServer:
     except TritonUnavailable as error:
         pytest.skip(f"Triton cannot run here: {error}")
     http, grpc, metrics = _ports()
-    server = TritonServer(repository, http_port=http, grpc_port=grpc, metrics_port=metrics, log_file=log)
+    server = TritonServer(
+        repository, http_port=http, grpc_port=grpc, metrics_port=metrics, log_file=log
+    )
     server.start(timeout_s=90)
     return server
 
@@ -79,9 +82,10 @@ def triton(exported: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
 async def _client(settings: Settings) -> AsyncIterator[tuple[httpx.AsyncClient, Gateway]]:
     gateway = Gateway(settings)
     app = create_app(gateway=gateway)
-    async with app.router.lifespan_context(app):
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://g") as http:
-            yield http, gateway
+    async with app.router.lifespan_context(app), httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://g"
+    ) as http:
+        yield http, gateway
 
 
 def _redis() -> RedisSettings:
@@ -96,13 +100,22 @@ async def test_triton_and_redis_answer_like_the_embedded_default(
     exported: Path, triton: TritonServer, protocol: str
 ) -> None:
     port = triton.http_port if protocol == "http" else triton.grpc_port
-    real = Settings(artifacts=exported, redis=_redis(),
-                    triton=TritonSettings(url=f"127.0.0.1:{port}", protocol=protocol, timeout_ms=2000))
+    real = Settings(
+        artifacts=exported,
+        redis=_redis(),
+        triton=TritonSettings(url=f"127.0.0.1:{port}", protocol=protocol, timeout_ms=2000),
+    )
     async for http, gateway in _client(real):
         await materialize(gateway.store, exported / "releases" / "1")
-        served = [(await http.post("/v1/recommend", json={"user_id": u, "k": 10})).json() for u in (3, 4, 5)]
+        served = [
+            (await http.post("/v1/recommend", json={"user_id": u, "k": 10})).json()
+            for u in (3, 4, 5)
+        ]
     async for http, _ in _client(Settings(artifacts=exported)):
-        embedded = [(await http.post("/v1/recommend", json={"user_id": u, "k": 10})).json() for u in (3, 4, 5)]
+        embedded = [
+            (await http.post("/v1/recommend", json={"user_id": u, "k": 10})).json()
+            for u in (3, 4, 5)
+        ]
     for a, b in zip(served, embedded, strict=True):
         assert not a["degraded"], a["reasons"]
         assert [i["item_id"] for i in a["items"]] == [i["item_id"] for i in b["items"]]
@@ -113,10 +126,14 @@ async def test_triton_and_redis_answer_like_the_embedded_default(
 async def test_triton_metrics_count_our_requests(exported: Path, triton: TritonServer) -> None:
     import urllib.request
 
-    settings = Settings(artifacts=exported, triton=TritonSettings(url=triton.http_url, timeout_ms=2000))
+    settings = Settings(
+        artifacts=exported, triton=TritonSettings(url=triton.http_url, timeout_ms=2000)
+    )
     async for http, _ in _client(settings):
         assert not (await http.post("/v1/recommend", json={"user_id": 3})).json()["degraded"]
-    with urllib.request.urlopen(f"http://127.0.0.1:{triton.metrics_port}/metrics", timeout=5) as response:
+    with urllib.request.urlopen(
+        f"http://127.0.0.1:{triton.metrics_port}/metrics", timeout=5
+    ) as response:
         text = response.read().decode()
     assert 'nv_inference_request_success{model="ranker",version="1"}' in text
 
@@ -127,7 +144,9 @@ async def test_slow_triton_model_times_out_and_degrades(exported: Path, tmp_path
     (repository / "ranker" / "1" / "model.py").write_text(SLOW_RANKER)
     server = _start(repository, tmp_path / "triton.log")
     try:
-        settings = Settings(artifacts=exported, triton=TritonSettings(url=server.http_url, timeout_ms=100))
+        settings = Settings(
+            artifacts=exported, triton=TritonSettings(url=server.http_url, timeout_ms=100)
+        )
         async for http, _ in _client(settings):
             body = (await http.post("/v1/recommend", json={"user_id": 3, "k": 10})).json()
             assert body["reasons"] == ["scoring:timeout"]
@@ -138,7 +157,9 @@ async def test_slow_triton_model_times_out_and_degrades(exported: Path, tmp_path
 
 async def test_triton_stopped_while_serving_degrades(exported: Path, tmp_path: Path) -> None:
     server = _start(exported / "model_repository", tmp_path / "triton.log")
-    settings = Settings(artifacts=exported, triton=TritonSettings(url=server.http_url, timeout_ms=500))
+    settings = Settings(
+        artifacts=exported, triton=TritonSettings(url=server.http_url, timeout_ms=500)
+    )
     try:
         async for http, _ in _client(settings):
             assert not (await http.post("/v1/recommend", json={"user_id": 3})).json()["degraded"]
