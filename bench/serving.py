@@ -40,9 +40,28 @@ RESULTS = ROOT / "bench" / "results"
 STAGES = ("features", "retrieval", "filtering", "scoring", "ordering")
 CATALOGS = {
     "movielens": ["--dataset", "movielens"],
-    "synthetic": ["--dataset", "synthetic", "--users", "100000", "--items", "1000000",
-                  "--interactions", "3000000", "--two-tower-epochs", "2", "--bpr-epochs", "1",
-                  "--dlrm-epochs", "1", "--gbm-rounds", "50", "--eval-users", "2000"],
+    "synthetic": [
+        "--dataset",
+        "synthetic",
+        "--users",
+        "100000",
+        "--items",
+        "1000000",
+        "--interactions",
+        "1000000",
+        "--two-tower-epochs",
+        "1",
+        "--two-tower-batch",
+        "2048",
+        "--bpr-epochs",
+        "1",
+        "--dlrm-epochs",
+        "1",
+        "--gbm-rounds",
+        "50",
+        "--eval-users",
+        "2000",
+    ],
 }
 
 
@@ -70,9 +89,22 @@ def ensure_release(name: str) -> Path:
     root = RESULTS / "artifacts" / name
     if not (root / "releases").is_dir() or not any((root / "releases").glob("*/manifest.json")):
         print(f"training the {name} release once (cached in {root}) ...", flush=True)
-        subprocess.run([sys.executable, "-m", "services.cli", "train", "--workdir", str(root / "work"),
-                        "--output", str(root), *CATALOGS[name]], check=True, cwd=ROOT,
-                       stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "services.cli",
+                "train",
+                "--workdir",
+                str(root / "work"),
+                "--output",
+                str(root),
+                *CATALOGS[name],
+            ],
+            check=True,
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+        )
     return root
 
 
@@ -80,10 +112,25 @@ def start_redis(stack: list[subprocess.Popen[bytes]], directory: Path) -> str:
     if os.environ.get("CASCADE_REDIS__URL"):
         return os.environ["CASCADE_REDIS__URL"]
     port = free_port()
-    stack.append(subprocess.Popen(
-        [shutil.which("redis-server") or "redis-server", "--port", str(port), "--bind", "127.0.0.1",
-         "--save", "", "--appendonly", "no", "--dir", str(directory)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    stack.append(
+        subprocess.Popen(
+            [
+                shutil.which("redis-server") or "redis-server",
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(directory),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    )
     time.sleep(0.5)
     return f"redis://127.0.0.1:{port}/0"
 
@@ -149,20 +196,60 @@ def run_catalog(name: str, args: argparse.Namespace) -> dict:
         from services.triton_server import TritonServer
 
         redis = start_redis(stack, work)
-        subprocess.run([sys.executable, "-m", "services.cli", "materialize", "--artifacts", str(root),
-                        "--redis-url", redis], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
-        triton = TritonServer(root / "model_repository", http_port=free_port(), grpc_port=free_port(),
-                              metrics_port=free_port(), log_file=work / f"triton-{name}.log")
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "services.cli",
+                "materialize",
+                "--artifacts",
+                str(root),
+                "--redis-url",
+                redis,
+            ],
+            check=True,
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+        )
+        triton = TritonServer(
+            root / "model_repository",
+            http_port=free_port(),
+            grpc_port=free_port(),
+            metrics_port=free_port(),
+            log_file=work / f"triton-{name}.log",
+        )
         triton.start(timeout_s=120)
         port = free_port()
-        env = dict(os.environ, CASCADE_ARTIFACTS=str(root), CASCADE_REDIS__URL=redis,
-                   CASCADE_TRITON__URL=triton.http_url, CASCADE_TRITON__TIMEOUT_MS="1000",
-                   CASCADE_REDIS__TIMEOUT_MS="200")
-        stack.append(subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "services.api.app:create_app", "--factory",
-             "--host", "127.0.0.1", "--port", str(port), "--workers", str(args.workers),
-             "--log-level", "warning", "--no-access-log"],
-            cwd=ROOT, env=env))
+        env = dict(
+            os.environ,
+            CASCADE_ARTIFACTS=str(root),
+            CASCADE_REDIS__URL=redis,
+            CASCADE_TRITON__URL=triton.http_url,
+            CASCADE_TRITON__TIMEOUT_MS="1000",
+            CASCADE_REDIS__TIMEOUT_MS="200",
+        )
+        stack.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "uvicorn",
+                    "services.api.app:create_app",
+                    "--factory",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(port),
+                    "--workers",
+                    str(args.workers),
+                    "--log-level",
+                    "warning",
+                    "--no-access-log",
+                ],
+                cwd=ROOT,
+                env=env,
+            )
+        )
         wait_for(f"http://127.0.0.1:{port}/health/ready", 120)
         url = f"http://127.0.0.1:{port}/v1/recommend"
         users = user_ids(root)
@@ -171,11 +258,15 @@ def run_catalog(name: str, args: argparse.Namespace) -> dict:
         loaded = asyncio.run(load(url, users, args.concurrency, args.requests, args.k))
         stage_sum = sum(alone["stage_p50_ms"].values())
         return {
-            "catalog": name, "items": int(np.load(sorted((root / "releases").glob("*/item_ids.npy"))[-1]).shape[0]),
-            "concurrency": args.concurrency, "k": args.k, "candidates": 300,
+            "catalog": name,
+            "items": int(np.load(sorted((root / "releases").glob("*/item_ids.npy"))[-1]).shape[0]),
+            "concurrency": args.concurrency,
+            "k": args.k,
+            "candidates": 300,
             **{k: loaded[k] for k in ("p50_ms", "p99_ms", "rps", "errors", "degraded")},
             "stage_p50_ms": loaded["stage_p50_ms"],
-            "alone_p50_ms": alone["p50_ms"], "alone_stage_p50_ms": alone["stage_p50_ms"],
+            "alone_p50_ms": alone["p50_ms"],
+            "alone_stage_p50_ms": alone["stage_p50_ms"],
             "overhead_ratio": round(alone["p50_ms"] / stage_sum, 2) if stage_sum else None,
         }
     finally:
@@ -190,22 +281,45 @@ def run_catalog(name: str, args: argparse.Namespace) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--catalogs", nargs="+", choices=list(CATALOGS), default=list(CATALOGS))
     parser.add_argument("--concurrency", type=int, default=50)
-    parser.add_argument("--requests", type=int, default=3000, help="requests at the fixed concurrency")
-    parser.add_argument("--single-requests", type=int, default=300, help="requests at concurrency 1")
+    parser.add_argument(
+        "--requests", type=int, default=3000, help="requests at the fixed concurrency"
+    )
+    parser.add_argument(
+        "--single-requests", type=int, default=300, help="requests at concurrency 1"
+    )
     parser.add_argument("--k", type=int, default=20)
     parser.add_argument("--workers", type=int, default=1, help="gateway (uvicorn) processes")
     args = parser.parse_args()
     runs = [run_catalog(name, args) for name in args.catalogs]
     for run in runs:
-        print(f"{run['catalog']:>9} ({run['items']:,} items): p50 {run['p50_ms']} ms  p99 {run['p99_ms']} ms  "
-              f"{run['rps']} req/s  errors {run['errors']}  overhead {run['overhead_ratio']}x  "
-              f"stages alone {run['alone_stage_p50_ms']}")
+        print(
+            f"{run['catalog']:>9} ({run['items']:,} items): "
+            f"p50 {run['p50_ms']} ms  p99 {run['p99_ms']} ms  "
+            f"{run['rps']} req/s  errors {run['errors']}  overhead {run['overhead_ratio']}x  "
+            f"stages alone {run['alone_stage_p50_ms']}"
+        )
     main_run = runs[-1]
-    result = {"benchmark": "serving", **{k: main_run[k] for k in (
-        "catalog", "p50_ms", "p99_ms", "rps", "errors", "overhead_ratio", "stage_p50_ms")}, "runs": runs}
+    result = {
+        "benchmark": "serving",
+        **{
+            k: main_run[k]
+            for k in (
+                "catalog",
+                "p50_ms",
+                "p99_ms",
+                "rps",
+                "errors",
+                "overhead_ratio",
+                "stage_p50_ms",
+            )
+        },
+        "runs": runs,
+    }
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "serving.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result))

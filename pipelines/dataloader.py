@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import threading
+import queue
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -101,28 +101,24 @@ class ParquetBatchLoader:
         metadata = [pq.ParquetFile(p).metadata for p in self.paths]
         self.chunks = [(f, g) for f, m in enumerate(metadata) for g in range(m.num_row_groups)]
         self.num_rows = sum(m.num_rows for m in metadata)
-        self._local = threading.local()
         keep_freed_memory()
 
     def __len__(self) -> int:
         full, rest = divmod(self.num_rows, self.batch_size)
         return full + (1 if rest and not self.drop_last else 0)
 
-    def _file(self, index: int) -> pq.ParquetFile:
-        """This thread's handle of file ``index`` (a ParquetFile is not safe to share)."""
-        files = getattr(self._local, "files", None)
-        if files is None:
-            files = self._local.files = {}
-        if index not in files:
-            files[index] = pq.ParquetFile(self.paths[index], memory_map=True)
-        return files[index]
+    def _open(self) -> list[pq.ParquetFile]:
+        """One handle per file (a ParquetFile is not safe to share between threads)."""
+        return [pq.ParquetFile(path, memory_map=True) for path in self.paths]
 
-    def _build_buffer(self, chunks: np.ndarray, rng: np.random.Generator | None) -> Batch:
+    def _build_buffer(
+        self, files: list[pq.ParquetFile], chunks: np.ndarray, rng: np.random.Generator | None
+    ) -> Batch:
         """Read ``chunks`` and write them into column-major ``[n_columns, rows]`` arrays,
         rows at the positions of a random permutation (in order without ``rng``)."""
         wanted = [c for names in self.columns.values() for c in names]
         tables = [
-            self._file(f).read_row_group(g, columns=wanted, use_threads=False)
+            files[f].read_row_group(g, columns=wanted, use_threads=False)
             for f, g in (self.chunks[i] for i in chunks)
         ]
         table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
@@ -149,9 +145,19 @@ class ParquetBatchLoader:
             order[s : s + self.buffer_chunks] for s in range(0, len(order), self.buffer_chunks)
         ]
 
+        # Every worker's handles are opened now, so a file replaced during the epoch is never
+        # mixed with the one the epoch started on (the old one stays mapped until we finish).
+        handles: queue.SimpleQueue[list[pq.ParquetFile]] = queue.SimpleQueue()
+        for _ in range(self.workers):
+            handles.put(self._open())
+
         def build(i: int) -> Batch:
             shuffle_rng = np.random.default_rng([epoch_seed, i]) if self.shuffle else None
-            return self._build_buffer(buffers[i], shuffle_rng)
+            files = handles.get()
+            try:
+                return self._build_buffer(files, buffers[i], shuffle_rng)
+            finally:
+                handles.put(files)
 
         executor = ThreadPoolExecutor(self.workers, thread_name_prefix="cascade-loader")
         pending: dict[int, Future[Batch]] = {}

@@ -12,8 +12,8 @@ class BPRMF(nn.Module):
 
     def __init__(self, n_users: int, n_items: int, dim: int = 64) -> None:
         super().__init__()
-        self.users = nn.Embedding(n_users, dim)
-        self.items = nn.Embedding(n_items, dim)
+        self.users = nn.Embedding(n_users, dim, sparse=True)
+        self.items = nn.Embedding(n_items, dim, sparse=True)
         nn.init.normal_(self.users.weight, std=0.1)
         nn.init.normal_(self.items.weight, std=0.1)
 

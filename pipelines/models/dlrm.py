@@ -55,7 +55,7 @@ class DLRM(nn.Module):
                 f"embedding dim {dim} is not a multiple of 16 bytes of float32 "
                 "(use a multiple of 4)"
             )
-        tables = [nn.Embedding(n, dim) for n in cardinalities]
+        tables = [nn.Embedding(n, dim, sparse=True) for n in cardinalities]
         for table in tables:
             nn.init.uniform_(table.weight, -0.05, 0.05)
         self.tables = nn.ModuleList(tables)

@@ -36,8 +36,10 @@ class QueryTower(nn.Module):
         out_dim: int = 64,
     ) -> None:
         super().__init__()
-        self.features = nn.ModuleList(nn.Embedding(n, feature_dim) for n in cardinalities)
-        self.history = nn.Embedding(n_items, history_dim, padding_idx=0)
+        self.features = nn.ModuleList(
+            nn.Embedding(n, feature_dim, sparse=True) for n in cardinalities
+        )
+        self.history = nn.Embedding(n_items, history_dim, padding_idx=0, sparse=True)
         self.mlp = _mlp([feature_dim * len(cardinalities) + history_dim, hidden, out_dim])
 
     def forward(self, user_features: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
@@ -59,7 +61,9 @@ class ItemTower(nn.Module):
         out_dim: int = 64,
     ) -> None:
         super().__init__()
-        self.features = nn.ModuleList(nn.Embedding(n, feature_dim) for n in cardinalities)
+        self.features = nn.ModuleList(
+            nn.Embedding(n, feature_dim, sparse=True) for n in cardinalities
+        )
         self.dense = nn.Linear(n_dense, feature_dim)
         self.mlp = _mlp([feature_dim * (len(cardinalities) + 1), hidden, out_dim])
 

@@ -24,7 +24,7 @@ def device() -> torch.device:
 
 
 def train_epochs(
-    parameters: Iterable[torch.nn.Parameter],
+    model: torch.nn.Module,
     epoch_batches: Callable[[int], Iterable[tuple[Any, ...]]],
     loss_fn: Callable[..., torch.Tensor],
     epochs: int,
@@ -32,18 +32,29 @@ def train_epochs(
     name: str,
     weight_decay: float = 0.0,
     after_epoch: Callable[[int], dict[str, float]] | None = None,
-    keep_best: tuple[torch.nn.Module, str] | None = None,
+    keep_best: str | None = None,
     batches_per_epoch: int | None = None,
     quiet: bool = False,
 ) -> list[dict[str, float]]:
-    """Run Adam over ``epoch_batches(epoch)``; return one record per epoch (mean loss + extras).
+    """Train ``model`` over ``epoch_batches(epoch)``; one record per epoch (mean loss + extras).
 
-    ``keep_best=(model, metric)`` restores, at the end, the model's weights from the epoch
-    with the highest ``metric`` among ``after_epoch``'s outputs (early stopping's choice).
+    Embedding tables with sparse gradients (``nn.Embedding(sparse=True)``) are updated by
+    SparseAdam, only in the rows a batch touched (a million-row table costs what the batch
+    uses); every other parameter by Adam.
+
+    ``keep_best=metric`` restores, at the end, the model's weights from the epoch with the
+    highest ``metric`` among ``after_epoch``'s outputs (early stopping's choice).
     On a GPU the forward pass runs under bfloat16 autocast (mixed precision).
     """
     best_value, best_state = -float("inf"), None
-    optimizer = torch.optim.Adam(list(parameters), lr=lr, weight_decay=weight_decay)
+    sparse = [m.weight for m in model.modules() if isinstance(m, torch.nn.Embedding) and m.sparse]
+    sparse_ids = {id(p) for p in sparse}
+    dense = [p for p in model.parameters() if id(p) not in sparse_ids]
+    optimizers: list[torch.optim.Optimizer] = []
+    if dense:
+        optimizers.append(torch.optim.Adam(dense, lr=lr, weight_decay=weight_decay))
+    if sparse:
+        optimizers.append(torch.optim.SparseAdam(sparse, lr=lr))
     use_amp = torch.cuda.is_available()
     history: list[dict[str, float]] = []
     for epoch in range(epochs):
@@ -60,9 +71,11 @@ def train_epochs(
         for batch in bar:
             with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_amp):
                 loss = loss_fn(*batch)
-            optimizer.zero_grad(set_to_none=True)
+            for optimizer in optimizers:
+                optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            optimizer.step()
+            for optimizer in optimizers:
+                optimizer.step()
             total += float(loss.detach())
             count += 1
             bar.set_postfix(loss=f"{total / count:.4f}")
@@ -70,12 +83,12 @@ def train_epochs(
         if after_epoch is not None:
             record.update(after_epoch(epoch))
         history.append(record)
-        if keep_best is not None and record[keep_best[1]] > best_value:
-            best_value = record[keep_best[1]]
-            best_state = copy.deepcopy(keep_best[0].state_dict())
+        if keep_best is not None and record[keep_best] > best_value:
+            best_value = record[keep_best]
+            best_state = copy.deepcopy(model.state_dict())
         if not quiet:
             extras = " ".join(f"{k}={v:.4f}" for k, v in record.items() if k not in ("epoch",))
             tqdm.write(f"{name} epoch {epoch + 1}/{epochs}: {extras}")
-    if keep_best is not None and best_state is not None:
-        keep_best[0].load_state_dict(best_state)
+    if best_state is not None:
+        model.load_state_dict(best_state)
     return history

@@ -69,14 +69,14 @@ def train_dlrm(
         return {"valid_auc": auc(valid["label"], dlrm_logits(model, valid))}
 
     return train_epochs(
-        model.parameters(),
+        model,
         lambda _: ((b,) for b in loader),
         loss,
         config.dlrm_epochs,
         config.dlrm_lr,
         "dlrm",
         after_epoch=validate,
-        keep_best=(model, "valid_auc"),
+        keep_best="valid_auc",
         batches_per_epoch=len(loader),
     )
 

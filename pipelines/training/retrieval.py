@@ -89,14 +89,14 @@ def train_two_tower(
         }
 
     return train_epochs(
-        model.parameters(),
+        model,
         lambda _: ((b,) for b in _batches(len(pairs), config.two_tower_batch, generator)),
         loss,
         config.two_tower_epochs,
         config.two_tower_lr,
         "two-tower",
         after_epoch=validate,
-        keep_best=(model, "valid_recall@20"),
+        keep_best="valid_recall@20",
         batches_per_epoch=-(-len(pairs) // config.two_tower_batch),
     )
 
@@ -129,7 +129,7 @@ def train_bpr(data: RetrievalData, config: TrainConfig) -> tuple[BPRMF, list[dic
         return model.loss(pairs[rows, 0], pairs[rows, 1], negatives)
 
     curve = train_epochs(
-        model.parameters(),
+        model,
         lambda _: ((b,) for b in _batches(len(pairs), 1024, generator)),
         loss,
         config.bpr_epochs,

@@ -39,7 +39,25 @@ def popularity_candidates(release: Release, count: int) -> tuple[np.ndarray, np.
     return positions, (1.0 - np.arange(len(positions), dtype=np.float32) / max(len(positions), 1))
 
 
-class RetrievalStage:
+class ModelStage:
+    """A stage that calls a model on the inference backend, behind the breaker and timeout."""
+
+    name = "model"
+
+    def __init__(
+        self,
+        releases: dict[int, Release],
+        backend: InferenceBackend,
+        breaker: CircuitBreaker,
+        timeout_s: float,
+    ) -> None:
+        self.releases = releases
+        self.backend = backend
+        self.breaker = breaker
+        self.timeout_s = timeout_s
+
+
+class RetrievalStage(ModelStage):
     name = "retrieval"
 
     def __init__(
@@ -50,10 +68,7 @@ class RetrievalStage:
         timeout_s: float,
         candidates: int,
     ) -> None:
-        self.releases = releases
-        self.backend = backend
-        self.breaker = breaker
-        self.timeout_s = timeout_s
+        super().__init__(releases, backend, breaker, timeout_s)
         self.candidates = candidates
 
     async def __call__(self, ctx: RequestContext) -> RequestContext:

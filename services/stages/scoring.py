@@ -14,9 +14,8 @@ from pipelines.features.rows import USER_ATTRIBUTES
 from pipelines.features.spec import DENSE, GENRES, SPARSE_COLUMNS
 from services.context import RequestContext
 from services.errors import DependencyUnavailable
-from services.inference.backends import InferenceBackend
 from services.release import Release
-from services.resilience import CircuitBreaker
+from services.stages.retrieval import ModelStage
 
 
 def ranking_inputs(release: Release, ctx: RequestContext) -> tuple[np.ndarray, np.ndarray]:
@@ -38,20 +37,8 @@ def ranking_inputs(release: Release, ctx: RequestContext) -> tuple[np.ndarray, n
     return sparse, dense
 
 
-class ScoringStage:
+class ScoringStage(ModelStage):
     name = "scoring"
-
-    def __init__(
-        self,
-        releases: dict[int, Release],
-        backend: InferenceBackend,
-        breaker: CircuitBreaker,
-        timeout_s: float,
-    ) -> None:
-        self.releases = releases
-        self.backend = backend
-        self.breaker = breaker
-        self.timeout_s = timeout_s
 
     async def __call__(self, ctx: RequestContext) -> RequestContext:
         ctx.scores = ctx.retrieval_scores

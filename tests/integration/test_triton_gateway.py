@@ -82,9 +82,10 @@ def triton(exported: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
 async def _client(settings: Settings) -> AsyncIterator[tuple[httpx.AsyncClient, Gateway]]:
     gateway = Gateway(settings)
     app = create_app(gateway=gateway)
-    async with app.router.lifespan_context(app), httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), base_url="http://g"
-    ) as http:
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://g") as http,
+    ):
         yield http, gateway
 
 

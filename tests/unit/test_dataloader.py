@@ -128,7 +128,7 @@ def test_a_read_error_in_the_reader_thread_reaches_the_consumer(
         def read_row_group(self, *args: object, **kwargs: object) -> None:
             raise OSError("disk went away")
 
-    monkeypatch.setattr(loader, "_file", lambda index: BrokenFile())
+    monkeypatch.setattr(loader, "_open", lambda: [BrokenFile()])
     with pytest.raises(OSError, match="disk went away"):
         list(loader)
 

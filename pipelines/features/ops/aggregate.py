@@ -6,10 +6,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from pipelines.features.ops.base import Columns, FeatureOp, lookup
+from pipelines.features.ops.base import Columns, MeanTableOp, lookup
 
 
-class GroupMean(FeatureOp):
+class GroupMean(MeanTableOp):
     """Mean of ``value`` per id of ``key``, fitted on training rows; unseen ids get the global mean.
 
     Use it for values that are not the label (the label goes through ``TargetEncode``, which
@@ -59,11 +59,3 @@ class GroupMean(FeatureOp):
 
     def config(self) -> dict[str, Any]:
         return {"key": self.key, "value": self.value, "name": self.name}
-
-    def arrays(self) -> dict[str, np.ndarray]:
-        assert self.means is not None, "fit first"
-        return {"means": self.means, "prior": np.asarray([self.prior])}
-
-    def load_arrays(self, arrays: dict[str, np.ndarray]) -> None:
-        self.means = arrays["means"]
-        self.prior = float(arrays["prior"][0])

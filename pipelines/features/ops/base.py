@@ -78,3 +78,18 @@ def lookup(table: np.ndarray, index: np.ndarray, default: float) -> np.ndarray:
     out = np.full(index.shape, default, dtype=np.float32)
     out[inside] = table[index[inside]]
     return out
+
+
+class MeanTableOp(FeatureOp):
+    """An op whose fitted state is a per-id table of means and a global prior."""
+
+    means: np.ndarray | None = None
+    prior: float = 0.0
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        assert self.means is not None, "fit first"
+        return {"means": self.means, "prior": np.asarray([self.prior])}
+
+    def load_arrays(self, arrays: dict[str, np.ndarray]) -> None:
+        self.means = arrays["means"]
+        self.prior = float(arrays["prior"][0])

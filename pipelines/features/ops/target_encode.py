@@ -6,7 +6,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from pipelines.features.ops.base import Columns, FeatureOp, lookup
+from pipelines.features.ops.base import Columns, MeanTableOp, lookup
 
 
 def _smoothed_means(
@@ -26,7 +26,7 @@ def _blend(sums: np.ndarray, counts: np.ndarray, prior: float, smoothing: float)
     return means.astype(np.float32)
 
 
-class TargetEncode(FeatureOp):
+class TargetEncode(MeanTableOp):
     """Smoothed mean of ``target`` per id.
 
     ``fit_transform`` (training rows) assigns rows to ``folds`` random folds and encodes each
@@ -97,11 +97,3 @@ class TargetEncode(FeatureOp):
             "smoothing": self.smoothing,
             "seed": self.seed,
         }
-
-    def arrays(self) -> dict[str, np.ndarray]:
-        assert self.means is not None, "fit first"
-        return {"means": self.means, "prior": np.asarray([self.prior])}
-
-    def load_arrays(self, arrays: dict[str, np.ndarray]) -> None:
-        self.means = arrays["means"]
-        self.prior = float(arrays["prior"][0])
