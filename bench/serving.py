@@ -88,23 +88,26 @@ def wait_for(url: str, timeout_s: float) -> None:
 def ensure_release(name: str) -> Path:
     root = RESULTS / "artifacts" / name
     if not (root / "releases").is_dir() or not any((root / "releases").glob("*/manifest.json")):
+        root.mkdir(parents=True, exist_ok=True)
         print(f"training the {name} release once (cached in {root}) ...", flush=True)
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "services.cli",
-                "train",
-                "--workdir",
-                str(root / "work"),
-                "--output",
-                str(root),
-                *CATALOGS[name],
-            ],
-            check=True,
-            cwd=ROOT,
-            stdout=subprocess.DEVNULL,
-        )
+        with (root / "train.log").open("w") as log:
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "services.cli",
+                    "train",
+                    "--workdir",
+                    str(root / "work"),
+                    "--output",
+                    str(root),
+                    *CATALOGS[name],
+                ],
+                check=True,
+                cwd=ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
     return root
 
 

@@ -6,7 +6,7 @@ Candidates are catalog positions (rows of ``items``); ``item_ids[position]`` is 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import faiss
@@ -16,6 +16,7 @@ import pandas as pd
 from pipelines.errors import ArtifactError
 from pipelines.export.item_index import load_index
 from pipelines.export.repository import MANIFEST, latest_version
+from pipelines.features.ops import Columns
 from pipelines.features.rows import ITEM_ATTRIBUTES, AttributeTable
 from pipelines.features.workflow import Workflow
 
@@ -31,6 +32,7 @@ class Release:
     items: AttributeTable  # raw item attributes by id
     primary_genre: np.ndarray  # [n_items] first genre name ('' if none)
     genres: np.ndarray  # [n_items] '|'-joined genre names
+    item_columns: Columns = field(default_factory=dict)  # item-side features, by position
 
     def positions(self, ids: np.ndarray) -> np.ndarray:
         """Catalog positions of raw item ids; -1 for ids not in the catalog."""
@@ -80,4 +82,6 @@ def load_release(root: Path, version: int | None = None) -> Release:
         genres=genres,
     )
     release.popularity = release.positions(np.asarray(popular, dtype=np.int64))
+    raw = {"item_id": item_ids, **release.items.lookup(item_ids)}
+    release.item_columns = release.workflow.transform(raw, partial=True)  # encoded once
     return release

@@ -44,7 +44,7 @@ def retrieval_metrics(
     k_max = max(ks)
     discounts = 1.0 / np.log2(np.arange(2, k_max + 2))
     totals = {f"{m}@{k}": 0.0 for k in ks for m in ("recall", "ndcg")}
-    for start in range(0, len(users), batch):
+    for start in range(0, len(users), batch):  # batch x n_items scores in memory at a time
         chunk = users[start : start + batch]
         scores = np.array(score_users(chunk), dtype=np.float32, copy=True)
         for row, u in enumerate(chunk):

@@ -34,15 +34,20 @@ class Workflow:
             columns.update(op.fit_transform(columns))
         return columns
 
-    def transform(self, columns: Columns, partial: bool = False) -> Columns:
+    def transform(self, columns: Columns, partial: bool = False, reuse: bool = False) -> Columns:
         """Add every op's outputs to ``columns``.
 
         With ``partial=True`` ops whose inputs are absent are skipped, so item-only or
-        user-only rows can be encoded for the retrieval towers.
+        user-only rows can be encoded (retrieval towers, per-release item caches). With
+        ``reuse=True`` ops whose outputs are all present already are skipped: serving encodes
+        the catalog once and the user once, then finishes the rows of a request here. Every op
+        is row-wise, so the result is the same as one full transform.
         """
         columns = dict(columns)
         for op in self.ops:
             if partial and any(c not in columns for c in op.transform_inputs):
+                continue
+            if reuse and all(c in columns for c in op.outputs):
                 continue
             columns.update(op.transform(columns))
         return columns

@@ -19,19 +19,24 @@ from services.stages.retrieval import ModelStage
 
 
 def ranking_inputs(release: Release, ctx: RequestContext) -> tuple[np.ndarray, np.ndarray]:
-    """``sparse [N, T]`` and ``dense [N, D]`` for the candidates of this request."""
+    """``sparse [N, T]`` and ``dense [N, D]`` for the candidates of this request.
+
+    The same workflow as training, split by side: item columns were encoded once when the
+    release loaded, the user is encoded once here (one row, broadcast), and the workflow
+    finishes what depends on both (event time, standardisation).
+    """
     n = len(ctx.candidates)
-    item_ids = release.item_ids[ctx.candidates]
     attributes = ctx.user.attributes if ctx.user is not None else {}
-    rows: Columns = {
-        "user_id": np.full(n, ctx.user_id, dtype=np.int64),
-        "item_id": item_ids,
-        "timestamp": np.full(n, ctx.timestamp, dtype=np.int64),
-    }
+    user: Columns = {"user_id": np.asarray([ctx.user_id], dtype=np.int64)}
     for name in USER_ATTRIBUTES:
-        rows[name] = np.full(n, attributes.get(name), dtype=object)
-    rows.update(release.items.lookup(item_ids))
-    encoded = release.workflow.transform(rows)
+        user[name] = np.asarray([attributes.get(name)], dtype=object)
+    rows: Columns = {
+        k: np.broadcast_to(v, (n, *v.shape[1:]))
+        for k, v in release.workflow.transform(user, partial=True).items()
+    }
+    rows.update({k: v[ctx.candidates] for k, v in release.item_columns.items()})
+    rows["timestamp"] = np.full(n, ctx.timestamp, dtype=np.int64)
+    encoded = release.workflow.transform(rows, reuse=True)
     sparse = np.stack([encoded[c] for c in SPARSE_COLUMNS], axis=1).astype(np.int64)
     dense = np.concatenate([encoded[DENSE], encoded[GENRES]], axis=1).astype(np.float32)
     return sparse, dense

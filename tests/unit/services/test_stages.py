@@ -4,6 +4,7 @@ import datetime as dt
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from services.context import RequestContext
@@ -207,3 +208,31 @@ async def test_a_banned_item_is_never_pinned(release: Release) -> None:
 def test_diversity_order_keeps_the_first_items_of_each_genre() -> None:
     genres = np.array(["a", "a", "b", "a", "b", "a", "c"])
     assert diversity_order(genres, 2).tolist() == [0, 1, 2, 4, 6, 3, 5]
+
+
+@pytest.mark.parametrize("known", [True, False])
+def test_serving_features_equal_one_full_workflow_transform(release: Release, known: bool) -> None:
+    """Item columns cached at load + the user encoded once == the training-time transform."""
+    from pipelines.features.rows import USER_ATTRIBUTES, AttributeTable, join_rows
+    from pipelines.features.spec import DENSE, GENRES, SPARSE_COLUMNS
+    from services.stages.scoring import ranking_inputs
+
+    user = _user(release) if known else None
+    ctx = _ctx(release, user=user)
+    ctx.candidates = release.popularity[:25]
+    sparse, dense = ranking_inputs(release, ctx)
+    attributes = user.attributes if user else dict.fromkeys(USER_ATTRIBUTES)
+    users = AttributeTable(
+        pd.DataFrame([{"user_id": ctx.user_id, **attributes}]), "user_id", USER_ATTRIBUTES
+    )
+    n = len(ctx.candidates)
+    rows = join_rows(
+        users,
+        release.items,
+        np.full(n, ctx.user_id),
+        release.item_ids[ctx.candidates],
+        np.full(n, ctx.timestamp),
+    )
+    full = release.workflow.transform(rows)
+    np.testing.assert_array_equal(sparse, np.stack([full[c] for c in SPARSE_COLUMNS], axis=1))
+    np.testing.assert_array_equal(dense, np.concatenate([full[DENSE], full[GENRES]], axis=1))
