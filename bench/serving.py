@@ -227,7 +227,10 @@ def run_catalog(name: str, args: argparse.Namespace) -> dict:
             os.environ,
             CASCADE_ARTIFACTS=str(root),
             CASCADE_REDIS__URL=redis,
-            CASCADE_TRITON__URL=triton.http_url,
+            CASCADE_TRITON__URL=(
+                triton.http_url if args.protocol == "http" else f"127.0.0.1:{triton.grpc_port}"
+            ),
+            CASCADE_TRITON__PROTOCOL=args.protocol,
             CASCADE_TRITON__TIMEOUT_MS="1000",
             CASCADE_REDIS__TIMEOUT_MS="200",
         )
@@ -264,6 +267,7 @@ def run_catalog(name: str, args: argparse.Namespace) -> dict:
             "catalog": name,
             "items": int(np.load(sorted((root / "releases").glob("*/item_ids.npy"))[-1]).shape[0]),
             "concurrency": args.concurrency,
+            "triton_protocol": args.protocol,
             "k": args.k,
             "candidates": 300,
             **{k: loaded[k] for k in ("p50_ms", "p99_ms", "rps", "errors", "degraded")},
@@ -297,6 +301,7 @@ def main() -> None:
     )
     parser.add_argument("--k", type=int, default=20)
     parser.add_argument("--workers", type=int, default=1, help="gateway (uvicorn) processes")
+    parser.add_argument("--protocol", choices=["http", "grpc"], default="grpc", help="to Triton")
     args = parser.parse_args()
     runs = [run_catalog(name, args) for name in args.catalogs]
     for run in runs:

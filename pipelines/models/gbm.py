@@ -74,11 +74,14 @@ class TreeRanker:
         )
         return {name: values["binary_logloss"] for name, values in curves.items()}
 
-    def logits(self, x: np.ndarray) -> np.ndarray:
-        """Raw scores (log-odds)."""
+    def logits(self, x: np.ndarray, threads: int = 1) -> np.ndarray:
+        """Raw scores (log-odds). One thread by default: serving calls are small and run
+        beside other work, where an OpenMP team per call only spins and contends."""
         assert self.booster is not None, "fit or load first"
         return np.asarray(
-            self.booster.predict(x, raw_score=True, num_iteration=self.booster.best_iteration),
+            self.booster.predict(
+                x, raw_score=True, num_iteration=self.booster.best_iteration, num_threads=threads
+            ),
             dtype=np.float32,
         )
 
