@@ -12,6 +12,7 @@ REASONS = (
     "cold_start",
     "too_few_candidates",
     "bad_scores",
+    "embeddings_unavailable",
 )
 
 STAGE_LATENCY = Histogram(

@@ -39,6 +39,24 @@ class TritonSettings(BaseModel):
     breaker: BreakerSettings = BreakerSettings()
 
 
+class EmbeddingCacheSettings(BaseModel):
+    """DLRM embedding rows: in memory (no URL) or device -> host -> Redis cache."""
+
+    redis_url: str | None = Field(
+        None, description="Backing Redis; unset = whole tables in memory."
+    )
+    namespace: str = Field("cascade", description="Key prefix of the embedding rows.")
+    device_capacity: float = Field(
+        0.05, gt=0, description="Rows (> 1) or fraction of a table (<= 1)."
+    )
+    host_capacity: float = Field(0.2, gt=0, description="Rows (> 1) or fraction of a table (<= 1).")
+    policy: Literal["lru", "lfu"] = Field("lru", description="Eviction policy of both tiers.")
+    async_threshold: float = Field(
+        0.9, ge=0, le=1, description="Hit ratio above which inserts are async."
+    )
+    timeout_ms: float = Field(50.0, gt=0, description="Redis socket timeout of a miss fetch.")
+
+
 class Settings(BaseSettings):
     """Everything the gateway reads at start-up, validated once."""
 
@@ -56,6 +74,7 @@ class Settings(BaseSettings):
     )
     redis: RedisSettings = RedisSettings()
     triton: TritonSettings = TritonSettings()
+    embedding_cache: EmbeddingCacheSettings = EmbeddingCacheSettings()
     k_default: int = Field(20, ge=1, le=500)
     k_max: int = Field(500, ge=1, le=500, description="Largest k a request may ask for.")
     candidates: int = Field(300, ge=1, le=5000, description="Retrieval candidate count.")

@@ -22,9 +22,16 @@ class TritonPythonModel:
             try:
                 sparse = np.from_dlpack(pb_utils.get_input_tensor_by_name(request, "sparse"))
                 dense = np.from_dlpack(pb_utils.get_input_tensor_by_name(request, "dense"))
-                score = self.model.score(sparse, dense).astype(np.float32).reshape(-1, 1)
+                scores, degraded = self.model.score(sparse, dense)
+                score = scores.astype(np.float32).reshape(-1, 1)
+                flags = np.full_like(score, float(degraded))
                 responses.append(
-                    pb_utils.InferenceResponse([pb_utils.Tensor.from_dlpack("score", score)])
+                    pb_utils.InferenceResponse(
+                        [
+                            pb_utils.Tensor.from_dlpack("score", score),
+                            pb_utils.Tensor.from_dlpack("degraded", flags),
+                        ]
+                    )
                 )
             except Exception as error:
                 responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(error))))

@@ -33,8 +33,11 @@ class InferenceBackend(ABC):
         """``[B, F]`` ids + ``[B, L]`` history -> ``[B, D]`` embeddings."""
 
     @abstractmethod
-    async def rank(self, version: int, sparse: np.ndarray, dense: np.ndarray) -> np.ndarray:
-        """``[N, T]`` ids + ``[N, D]`` dense -> ``[N]`` scores (one call for all candidates)."""
+    async def rank(
+        self, version: int, sparse: np.ndarray, dense: np.ndarray
+    ) -> tuple[np.ndarray, bool]:
+        """``[N, T]`` ids + ``[N, D]`` dense -> ``[N]`` scores (one call for all candidates), and
+        whether the ranker served default embedding rows (its cache's store failed)."""
 
 
 class LocalBackend(InferenceBackend):
@@ -62,5 +65,7 @@ class LocalBackend(InferenceBackend):
     ) -> np.ndarray:
         return await asyncio.to_thread(self.query[version].encode, user_features, history)
 
-    async def rank(self, version: int, sparse: np.ndarray, dense: np.ndarray) -> np.ndarray:
+    async def rank(
+        self, version: int, sparse: np.ndarray, dense: np.ndarray
+    ) -> tuple[np.ndarray, bool]:
         return await asyncio.to_thread(self.ranker[version].score, sparse, dense)

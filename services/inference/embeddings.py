@@ -18,6 +18,8 @@ from pipelines.errors import ArtifactError
 class EmbeddingLookup(ABC):
     """Batched lookup of embedding rows for every sparse column."""
 
+    degraded: bool = False  # the last lookup served default rows because a store failed
+
     @abstractmethod
     def lookup(self, sparse: np.ndarray) -> np.ndarray:
         """``sparse [N, T]`` int64 ids -> ``[N, T, D]`` float32 rows (ids out of range: row 0)."""

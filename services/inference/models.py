@@ -42,6 +42,32 @@ class QueryTowerModel:
         return self.session.run(None, feeds)[0]
 
 
+def embeddings_for(directory: Path) -> EmbeddingLookup:
+    """The ranker's embedding rows as configured: the hierarchical cache when
+    ``CASCADE_EMBEDDING_CACHE__REDIS_URL`` is set, else the whole tables in memory."""
+    from services.settings import Settings
+
+    settings = Settings().embedding_cache
+    if not settings.redis_url:
+        return InMemoryTables.load(directory / "embeddings")
+    from services.embedding_cache.backing import RedisRows
+    from services.embedding_cache.cache import CacheConfig, HierarchicalEmbeddingCache
+
+    spec = json.loads((directory / "embeddings" / "tables.json").read_text())
+    return HierarchicalEmbeddingCache(
+        RedisRows(settings.redis_url, settings.namespace, settings.timeout_ms / 1000),
+        version=int(directory.name),
+        tables={c: int(spec["rows"][c]) for c in spec["columns"]},
+        dim=int(spec["dim"]),
+        config=CacheConfig(
+            settings.device_capacity,
+            settings.host_capacity,
+            settings.policy,
+            settings.async_threshold,
+        ),
+    )
+
+
 class RankingModel:
     """DLRM (embedding lookup + ONNX dense part) and LightGBM, blended on the logit scale."""
 
@@ -60,14 +86,16 @@ class RankingModel:
         self.session = _session(self.directory / "dlrm_dense.onnx")
         self.tree = TreeRanker.load(self.directory / "gbm.txt")
         if self.embeddings is None:
-            self.embeddings = InMemoryTables.load(self.directory / "embeddings")
+            self.embeddings = embeddings_for(self.directory)
 
-    def score(self, sparse: np.ndarray, dense: np.ndarray) -> np.ndarray:
-        """``sparse [N, T]`` int64, ``dense [N, D]`` float32 -> blended logits ``[N]`` float32."""
+    def score(self, sparse: np.ndarray, dense: np.ndarray) -> tuple[np.ndarray, bool]:
+        """``sparse [N, T]`` int64, ``dense [N, D]`` float32 -> blended logits ``[N]`` float32,
+        and whether embedding rows were degraded (default rows served for a failed store)."""
         assert self.session is not None and self.tree is not None and self.embeddings is not None
         if len(sparse) == 0:
-            return np.zeros(0, dtype=np.float32)
+            return np.zeros(0, dtype=np.float32), False
         embedded = self.embeddings.lookup(sparse)
         dlrm = self.session.run(None, {"dense": dense.astype(np.float32), "embedded": embedded})[0]
         tree = self.tree.logits(tree_features({"sparse": sparse, "dense": dense})[0])
-        return (self.dlrm_weight * dlrm + (1 - self.dlrm_weight) * tree).astype(np.float32)
+        scores = (self.dlrm_weight * dlrm + (1 - self.dlrm_weight) * tree).astype(np.float32)
+        return scores, self.embeddings.degraded

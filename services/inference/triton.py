@@ -40,8 +40,8 @@ class TritonBackend(InferenceBackend):
         return bool(await self._client.is_model_ready(model, str(version)))
 
     async def _infer(
-        self, model: str, version: int, inputs: dict[str, np.ndarray], output: str
-    ) -> np.ndarray:
+        self, model: str, version: int, inputs: dict[str, np.ndarray], outputs: list[str]
+    ) -> list[np.ndarray]:
         if self._client is None:
             raise RuntimeError("TritonBackend.start() was not called")
         tensors = []
@@ -49,35 +49,27 @@ class TritonBackend(InferenceBackend):
             tensor = self._module.InferInput(name, list(array.shape), _TRITON_TYPES[array.dtype])
             tensor.set_data_from_numpy(array)
             tensors.append(tensor)
+        requested = [self._module.InferRequestedOutput(name) for name in outputs]
         result = await self._client.infer(
-            model,
-            tensors,
-            model_version=str(version),
-            outputs=[self._module.InferRequestedOutput(output)],
+            model, tensors, model_version=str(version), outputs=requested
         )
-        values: np.ndarray = result.as_numpy(output)
-        return values
+        return [result.as_numpy(name) for name in outputs]
 
     async def encode_query(
         self, version: int, user_features: np.ndarray, history: np.ndarray
     ) -> np.ndarray:
-        return await self._infer(
-            QUERY_TOWER,
-            version,
-            {
-                "user_features": user_features.astype(np.int64),
-                "history": history.astype(np.int64),
-            },
-            "embedding",
-        )
+        inputs = {
+            "user_features": user_features.astype(np.int64),
+            "history": history.astype(np.int64),
+        }
+        return (await self._infer(QUERY_TOWER, version, inputs, ["embedding"]))[0]
 
-    async def rank(self, version: int, sparse: np.ndarray, dense: np.ndarray) -> np.ndarray:
-        return await self._infer(
-            RANKER,
-            version,
-            {
-                "sparse": sparse.astype(np.int64),
-                "dense": dense.astype(np.float32),
-            },
-            "score",
-        )
+    async def rank(
+        self, version: int, sparse: np.ndarray, dense: np.ndarray
+    ) -> tuple[np.ndarray, bool]:
+        inputs: dict[str, np.ndarray] = {
+            "sparse": sparse.astype(np.int64),
+            "dense": dense.astype(np.float32),
+        }
+        score, degraded = await self._infer(RANKER, version, inputs, ["score", "degraded"])
+        return score, bool(np.asarray(degraded).any())

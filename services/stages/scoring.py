@@ -51,7 +51,7 @@ class ScoringStage(ModelStage):
             return ctx
         sparse, dense = ranking_inputs(self.releases[ctx.model_version], ctx)
         try:
-            logits = await self.breaker.call(
+            logits, embeddings_degraded = await self.breaker.call(
                 lambda: self.backend.rank(ctx.model_version, sparse, dense), self.timeout_s
             )
         except DependencyUnavailable as error:
@@ -62,4 +62,6 @@ class ScoringStage(ModelStage):
             ctx.degrade(self.name, "bad_scores")
             return ctx
         ctx.scores = (1.0 / (1.0 + np.exp(-logits))).astype(np.float32)
+        if embeddings_degraded:
+            ctx.degrade(self.name, "embeddings_unavailable")
         return ctx

@@ -42,9 +42,12 @@ class TritonPythonModel:
         for request in requests:
             sparse = np.from_dlpack(pb_utils.get_input_tensor_by_name(request, "sparse"))
             dense = np.from_dlpack(pb_utils.get_input_tensor_by_name(request, "dense"))
-            score = self.model.score(sparse, dense).astype(np.float32).reshape(-1, 1)
-            output = pb_utils.Tensor.from_dlpack("score", score)
-            responses.append(pb_utils.InferenceResponse([output]))
+            scores, degraded = self.model.score(sparse, dense)
+            score = scores.astype(np.float32).reshape(-1, 1)
+            flags = np.full_like(score, float(degraded))
+            outputs = [pb_utils.Tensor.from_dlpack("score", score),
+                       pb_utils.Tensor.from_dlpack("degraded", flags)]
+            responses.append(pb_utils.InferenceResponse(outputs))
         return responses
 '''
 

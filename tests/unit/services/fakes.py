@@ -43,5 +43,8 @@ class FaultyBackend(InferenceBackend):
     ) -> np.ndarray:
         return await self._fault(await self.inner.encode_query(version, user_features, history))
 
-    async def rank(self, version: int, sparse: np.ndarray, dense: np.ndarray) -> np.ndarray:
-        return await self._fault(await self.inner.rank(version, sparse, dense))
+    async def rank(
+        self, version: int, sparse: np.ndarray, dense: np.ndarray
+    ) -> tuple[np.ndarray, bool]:
+        scores, degraded = await self.inner.rank(version, sparse, dense)
+        return await self._fault(scores), degraded

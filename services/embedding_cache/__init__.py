@@ -1,0 +1,1 @@
+"""Hierarchical embedding cache for DLRM scoring: device tier -> host tier -> Redis."""
