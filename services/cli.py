@@ -184,6 +184,16 @@ def _run_materialize(args: argparse.Namespace) -> int:
 
     count = asyncio.run(run())
     print(f"materialized {count} users of release {version} into {url}")
+    from services.embedding_cache.backing import RedisRows
+    from services.materialize import materialize_embeddings
+
+    cache = settings.embedding_cache
+    rows = RedisRows(cache.redis_url or url, cache.namespace, timeout_s=30.0)
+    try:
+        written = materialize_embeddings(rows, settings.artifacts / "model_repository", version)
+    finally:
+        rows.close()
+    print(f"materialized {written} embedding rows of model version {version}")
     return 0
 
 

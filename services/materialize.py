@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -9,6 +10,7 @@ import pandas as pd
 
 from pipelines.errors import ArtifactError
 from pipelines.features.rows import USER_ATTRIBUTES
+from services.embedding_cache.backing import RedisRows
 from services.stores.base import OnlineStore, UserRecord
 
 BATCH = 2_000
@@ -37,6 +39,19 @@ def user_records(release_dir: Path) -> list[UserRecord]:
             recent, seen = empty, empty
         records.append(UserRecord(user_id, attributes, recent, seen))
     return records
+
+
+def materialize_embeddings(rows: RedisRows, model_repository: Path, version: int) -> int:
+    """Write every row of every DLRM table of ``version`` to Redis (binary, pipelined,
+    under the version's own keys); return the rows written."""
+    directory = model_repository / "ranker" / str(version) / "embeddings"
+    if not (directory / "tables.json").is_file():
+        raise ArtifactError(f"{directory / 'tables.json'} is missing")
+    spec = json.loads((directory / "tables.json").read_text())
+    return sum(
+        rows.write_table(version, column, np.load(directory / f"{column}.npy", mmap_mode="r"))
+        for column in spec["columns"]
+    )
 
 
 async def materialize(store: OnlineStore, release_dir: Path) -> int:

@@ -12,7 +12,8 @@ from services.inference.backends import InferenceBackend, LocalBackend
 
 class FaultyBackend(InferenceBackend):
     """The real LocalBackend, except for the fault named by ``mode``:
-    ``ok``, ``nan``, ``wrong_shape``, ``raise`` or ``slow`` (sleeps ``delay_s`` first)."""
+    ``ok``, ``nan``, ``wrong_shape``, ``raise``, ``slow`` (sleeps ``delay_s`` first) or
+    ``embeddings_degraded`` (the ranker reports default embedding rows)."""
 
     def __init__(self, model_repository: Path, mode: str = "ok", delay_s: float = 0.5) -> None:
         self.inner = LocalBackend(model_repository)
@@ -47,4 +48,4 @@ class FaultyBackend(InferenceBackend):
         self, version: int, sparse: np.ndarray, dense: np.ndarray
     ) -> tuple[np.ndarray, bool]:
         scores, degraded = await self.inner.rank(version, sparse, dense)
-        return await self._fault(scores), degraded
+        return await self._fault(scores), degraded or self.mode == "embeddings_degraded"

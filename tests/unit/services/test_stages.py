@@ -236,3 +236,13 @@ def test_serving_features_equal_one_full_workflow_transform(release: Release, kn
     full = release.workflow.transform(rows)
     np.testing.assert_array_equal(sparse, np.stack([full[c] for c in SPARSE_COLUMNS], axis=1))
     np.testing.assert_array_equal(dense, np.concatenate([full[DENSE], full[GENRES]], axis=1))
+
+
+async def test_scoring_flags_default_embedding_rows(exported: Path, release: Release) -> None:
+    backend = await _backend(exported, release, "embeddings_degraded")
+    stage = ScoringStage({release.version: release}, backend, _breaker(), 1.0)
+    ctx = _ctx(release, user=_user(release))
+    ctx.candidates, ctx.retrieval_scores = release.popularity[:40], np.ones(40, np.float32)
+    ctx = await stage(ctx)
+    assert ctx.reasons == ["scoring:embeddings_unavailable"]
+    assert not np.array_equal(ctx.scores, ctx.retrieval_scores)  # model scores still used

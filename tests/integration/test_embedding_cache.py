@@ -1,0 +1,164 @@
+"""The hierarchical embedding cache against the real Redis: cached lookups equal direct table
+lookups across evictions, version switches, async inserts and adversarial batches."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from services.embedding_cache.backing import RedisRows
+from services.embedding_cache.cache import CacheConfig, HierarchicalEmbeddingCache
+from services.embedding_cache.tier import CacheTier
+from tests.conftest import redis_url
+
+pytestmark = pytest.mark.integration
+TABLES = {"user": 2_000, "genre": 20}
+DIM = 8
+
+
+@pytest.fixture
+def backing() -> Iterator[RedisRows]:
+    url = redis_url(db=11)
+    if url is None:
+        pytest.skip("no Redis answers on 127.0.0.1:6379 (.ci/run starts one)")
+    rows = RedisRows(url, namespace="cache-test", timeout_s=1.0)
+    rows.client.flushdb()
+    yield rows
+    rows.close()
+
+
+def _weights(seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {name: rng.normal(size=(n, DIM)).astype(np.float32) for name, n in TABLES.items()}
+
+
+def _write(backing: RedisRows, version: int, weights: dict[str, np.ndarray]) -> None:
+    for name, table in weights.items():
+        backing.write_table(version, name, table)
+
+
+def _expected(weights: dict[str, np.ndarray], ids: np.ndarray) -> np.ndarray:
+    out = np.zeros((len(ids), len(weights), DIM), np.float32)
+    for j, (name, table) in enumerate(weights.items()):
+        keys = ids[:, j]
+        valid = (keys >= 0) & (keys < len(table))
+        out[valid, j] = table[keys[valid]]
+    return out
+
+
+def _batch(rng: np.random.Generator, size: int) -> np.ndarray:
+    hot = rng.zipf(1.2, size) % 2_400 - 200  # skewed, with ids below 0 and past the end
+    return np.stack([hot, rng.integers(-3, 25, size)], axis=1)
+
+
+@pytest.mark.parametrize("policy", ["lru", "lfu"])
+@pytest.mark.parametrize("async_threshold", [1.0, 0.0])  # always sync / always async inserts
+def test_cached_rows_equal_direct_lookups_across_evictions(
+    backing: RedisRows, policy: str, async_threshold: float
+) -> None:
+    weights = _weights(0)
+    _write(backing, 1, weights)
+    cache = HierarchicalEmbeddingCache(
+        backing,
+        1,
+        TABLES,
+        DIM,
+        CacheConfig(30, 120, policy, async_threshold),  # type: ignore[arg-type]
+    )
+    rng = np.random.default_rng(1)
+    for _ in range(40):
+        ids = _batch(rng, 500)
+        np.testing.assert_array_equal(cache.lookup(ids), _expected(weights, ids))
+    cache.flush()
+    user = cache.caches[0]
+    assert user.device_tier.evictions > 0 and user.host_tier.evictions > 0
+    assert user.device_tier.size <= 30 and user.host_tier.size <= 120
+    cache.close()
+
+
+def test_adversarial_batches(backing: RedisRows) -> None:
+    weights = _weights(0)
+    _write(backing, 1, weights)
+    cache = HierarchicalEmbeddingCache(backing, 1, TABLES, DIM, CacheConfig(10, 20))
+    same = np.tile([[7, 3]], (1000, 1))  # one key, a thousand times
+    np.testing.assert_array_equal(cache.lookup(same), _expected(weights, same))
+    unknown = np.array([[-1, -1], [10**9, 10**6], [1999, 19]])
+    np.testing.assert_array_equal(cache.lookup(unknown), _expected(weights, unknown))
+    assert cache.lookup(np.zeros((0, 2), np.int64)).shape == (0, 2, DIM)
+    with pytest.raises(ValueError, match=r"shape \[N, 2\]"):
+        cache.lookup(np.zeros((3, 5), np.int64))
+    cache.close()
+
+
+def test_rows_missing_from_the_store_are_default_rows(backing: RedisRows) -> None:
+    weights = _weights(0)
+    backing.write_table(1, "user", weights["user"][:100])  # the rest was never written
+    backing.write_table(1, "genre", weights["genre"])
+    cache = HierarchicalEmbeddingCache(backing, 1, TABLES, DIM, CacheConfig(10, 20))
+    rows = cache.lookup(np.array([[5, 1], [500, 1]]))
+    np.testing.assert_array_equal(rows[0, 0], weights["user"][5])
+    assert not rows[1, 0].any() and not cache.degraded
+    cache.close()
+
+
+def test_a_version_switch_never_serves_old_rows(backing: RedisRows) -> None:
+    old, new = _weights(0), _weights(1)
+    _write(backing, 1, old)
+    _write(backing, 2, new)
+    cache = HierarchicalEmbeddingCache(backing, 1, TABLES, DIM, CacheConfig(500, 1000))
+    ids = _batch(np.random.default_rng(2), 300)
+    np.testing.assert_array_equal(cache.lookup(ids), _expected(old, ids))  # now cached
+    cache.switch_version(2)
+    np.testing.assert_array_equal(cache.lookup(ids), _expected(new, ids))
+    cache.close()
+
+
+def test_redis_down_serves_hits_and_defaults_and_flags_degraded(backing: RedisRows) -> None:
+    weights = _weights(0)
+    _write(backing, 1, weights)
+    cache = HierarchicalEmbeddingCache(backing, 1, TABLES, DIM, CacheConfig(100, 200))
+    warm = np.array([[1, 1], [2, 2]])
+    cache.lookup(warm)
+    cache.backing = RedisRows("redis://127.0.0.1:1/0", timeout_s=0.05)  # nothing listens there
+    for table in cache.caches:
+        table.backing = cache.backing
+    rows = cache.lookup(np.array([[1, 1], [3, 3]]))
+    np.testing.assert_array_equal(rows[0], _expected(weights, warm)[0])  # hit still served
+    assert not rows[1, 0].any() and cache.degraded  # miss -> default row, flagged
+    cache.close()
+
+
+def test_tier_rejects_bad_configuration() -> None:
+    import torch
+
+    with pytest.raises(ValueError, match="capacity"):
+        CacheTier("device", 10, 4, 0, "lru", torch.device("cpu"))
+    with pytest.raises(ValueError, match="not lru or lfu"):
+        CacheTier("device", 10, 4, 5, "fifo", torch.device("cpu"))  # type: ignore[arg-type]
+
+
+def test_ranker_scores_through_the_cache_equal_in_memory_tables(
+    exported: Path, backing: RedisRows, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from services.inference.models import RankingModel
+    from services.materialize import materialize_embeddings
+
+    assert materialize_embeddings(backing, exported / "model_repository", 1) > 0
+    directory = exported / "model_repository" / "ranker" / "1"
+    plain = RankingModel(directory)
+    plain.load()
+    monkeypatch.setenv("CASCADE_EMBEDDING_CACHE__REDIS_URL", backing.url)
+    monkeypatch.setenv("CASCADE_EMBEDDING_CACHE__NAMESPACE", backing.namespace)
+    cached = RankingModel(directory)
+    cached.load()
+    rng = np.random.default_rng(0)
+    tables = plain.embeddings.tables  # type: ignore[union-attr]
+    sparse = np.stack([rng.integers(0, len(t), 300) for t in tables], axis=1)
+    dense = rng.normal(size=(300, 26)).astype(np.float32)
+    for _ in range(3):  # cold, then warm
+        scores, degraded = cached.score(sparse, dense)
+        np.testing.assert_allclose(scores, plain.score(sparse, dense)[0], rtol=1e-6)
+        assert not degraded
