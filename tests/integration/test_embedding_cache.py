@@ -42,7 +42,7 @@ def _write(backing: RedisRows, version: int, weights: dict[str, np.ndarray]) -> 
 
 def _expected(weights: dict[str, np.ndarray], ids: np.ndarray) -> np.ndarray:
     out = np.zeros((len(ids), len(weights), DIM), np.float32)
-    for j, (name, table) in enumerate(weights.items()):
+    for j, table in enumerate(weights.values()):
         keys = ids[:, j]
         valid = (keys >= 0) & (keys < len(table))
         out[valid, j] = table[keys[valid]]
