@@ -74,6 +74,8 @@ class TableCache:
         self.lock = threading.Lock()
         self.hit_ratio = 0.0
         self.degraded = False
+        # running totals: keys asked for, unique keys, and hits of each (for benchmarks, tests)
+        self.stats = {"keys": 0, "key_hits": 0, "unique": 0, "device_hits": 0, "host_hits": 0}
 
     def _insert(self, tier: CacheTier, keys: np.ndarray, rows: torch.Tensor) -> None:
         before = tier.evictions
@@ -118,6 +120,13 @@ class TableCache:
         LOOKUPS.labels(tier="device", result="hit").inc(int(hit.sum()))
         LOOKUPS.labels(tier="host", result="hit").inc(int(host_hit.sum()))
         LOOKUPS.labels(tier="redis", result="fetch").inc(len(missing))
+        cached = np.ones(len(unique), dtype=bool)
+        cached[missing] = False
+        self.stats["keys"] += len(keys)
+        self.stats["key_hits"] += int(cached[inverse.reshape(-1)].sum())
+        self.stats["unique"] += len(unique)
+        self.stats["device_hits"] += int(hit.sum())
+        self.stats["host_hits"] += int(host_hit.sum())
         batch_hit_ratio = 1.0 - len(missing) / max(len(unique), 1)
         self.hit_ratio = 0.9 * self.hit_ratio + 0.1 * batch_hit_ratio
         self.degraded = False

@@ -44,18 +44,21 @@ class QueryTowerModel:
 
 def embeddings_for(directory: Path) -> EmbeddingLookup:
     """The ranker's embedding rows as configured: the hierarchical cache when
-    ``CASCADE_EMBEDDING_CACHE__REDIS_URL`` is set, else the whole tables in memory."""
+    ``CASCADE_EMBEDDING_CACHE__REDIS_URL`` (or, failing that, ``CASCADE_REDIS__URL``) is set,
+    else the whole tables in memory."""
     from services.settings import Settings
 
-    settings = Settings().embedding_cache
-    if not settings.redis_url:
+    everything = Settings()
+    settings = everything.embedding_cache
+    url = settings.redis_url or everything.redis.url
+    if not url:
         return InMemoryTables.load(directory / "embeddings")
     from services.embedding_cache.backing import RedisRows
     from services.embedding_cache.cache import CacheConfig, HierarchicalEmbeddingCache
 
     spec = json.loads((directory / "embeddings" / "tables.json").read_text())
     return HierarchicalEmbeddingCache(
-        RedisRows(settings.redis_url, settings.namespace, settings.timeout_ms / 1000),
+        RedisRows(url, settings.namespace, settings.timeout_ms / 1000),
         version=int(directory.name),
         tables={c: int(spec["rows"][c]) for c in spec["columns"]},
         dim=int(spec["dim"]),
