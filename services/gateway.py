@@ -6,11 +6,13 @@ lifespan), ``close()`` releases.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
 import numpy as np
 
+from pipelines.features.spec import USER_TOWER_COLUMNS
 from services.context import RequestContext
 from services.errors import NotReady
 from services.inference.backends import InferenceBackend, LocalBackend
@@ -25,7 +27,7 @@ from services.stages.features import FeaturesStage
 from services.stages.filtering import FilteringStage
 from services.stages.ordering import OrderingStage
 from services.stages.retrieval import RetrievalStage
-from services.stages.scoring import ScoringStage
+from services.stages.scoring import ScoringStage, ranking_inputs
 from services.stores.base import OnlineStore
 from services.stores.memory import InMemoryStore
 from services.stores.redis import RedisStore
@@ -89,6 +91,7 @@ class Gateway:
             )
             log.info("in-memory store loaded with %d users", count)
         await self.backend.start(sorted(self.releases))
+        await self._warm_up()
         redis_s, triton_s = settings.redis.timeout_ms / 1000, settings.triton.timeout_ms / 1000
         self.recommender = Recommender(
             [
@@ -101,6 +104,28 @@ class Gateway:
                 OrderingStage(self.releases, self.rules),
             ]
         )
+
+    async def _warm_up(self) -> None:
+        """One untimed call to each model of each version before serving, so the first user
+        does not pay for lazy imports and cold caches. A failure is logged, not raised: the
+        requests that follow degrade as usual."""
+        for version, release in self.releases.items():
+            length = int(release.manifest["config"]["history_length"])
+            ctx = RequestContext(user_id=0, k=1, timestamp=int(time.time()), model_version=version)
+            ctx.candidates = release.popularity[: self.settings.candidates]
+            sparse, dense = ranking_inputs(release, ctx)
+            try:
+                await asyncio.wait_for(
+                    self.backend.encode_query(
+                        version,
+                        np.zeros((1, len(USER_TOWER_COLUMNS)), np.int64),
+                        np.zeros((1, length), np.int64),
+                    ),
+                    30,
+                )
+                await asyncio.wait_for(self.backend.rank(version, sparse, dense), 30)
+            except Exception as error:
+                log.warning("warm-up of model version %d failed: %r", version, error)
 
     async def close(self) -> None:
         self.recommender = None
