@@ -2,8 +2,8 @@
 
 For each catalog (MovieLens-100K, and a synthetic catalog of 1M items) it trains and exports
 a release once (cached under bench/results/artifacts/), starts what is not running (a private
-redis-server, Triton from the nvidia-pytriton wheel, the gateway), loads the users into Redis,
-then:
+redis-server, Triton from the nvidia-pytriton wheel, the gateway), loads the users and the
+DLRM embedding rows into Redis (the ranker reads them through the embedding cache), then:
 
 - concurrency 1: every stage runs alone; the server-reported per-stage p50s are summed, and
   the client-measured end-to-end p50 divided by that sum is the orchestration overhead
@@ -214,6 +214,8 @@ def run_catalog(name: str, args: argparse.Namespace) -> dict:
             cwd=ROOT,
             stdout=subprocess.DEVNULL,
         )
+        # the ranker inside Triton reads its embedding rows through the cache, backed by this Redis
+        os.environ["CASCADE_EMBEDDING_CACHE__REDIS_URL"] = redis
         triton = TritonServer(
             root / "model_repository",
             http_port=free_port(),
