@@ -199,6 +199,9 @@ def run_catalog(name: str, args: argparse.Namespace) -> dict:
         from services.triton_server import TritonServer
 
         redis = start_redis(stack, work)
+        # the ranker inside Triton reads its embedding rows through the cache, backed by this
+        # Redis (materialize writes them there too)
+        os.environ["CASCADE_EMBEDDING_CACHE__REDIS_URL"] = redis
         subprocess.run(
             [
                 sys.executable,
@@ -214,8 +217,6 @@ def run_catalog(name: str, args: argparse.Namespace) -> dict:
             cwd=ROOT,
             stdout=subprocess.DEVNULL,
         )
-        # the ranker inside Triton reads its embedding rows through the cache, backed by this Redis
-        os.environ["CASCADE_EMBEDDING_CACHE__REDIS_URL"] = redis
         triton = TritonServer(
             root / "model_repository",
             http_port=free_port(),
