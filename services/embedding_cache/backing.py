@@ -52,18 +52,29 @@ class RedisRows:
         self, version: int, table: str, keys: np.ndarray, dim: int
     ) -> tuple[np.ndarray, np.ndarray]:
         """Rows ``[len(keys), dim]`` and a found mask, in one MGET (raises on Redis errors)."""
-        if len(keys) == 0:
-            return np.zeros((0, dim), np.float32), np.zeros(0, bool)
-        prefix = self.prefix(version, table)
-        values: list[Any] = self.client.mget([f"{prefix}{k}" for k in keys.tolist()])
-        found = np.fromiter(
-            (v is not None and len(v) == dim * 4 for v in values), bool, len(values)
-        )
-        rows = np.zeros((len(keys), dim), np.float32)
-        if found.any():
-            blob = b"".join(v for v, ok in zip(values, found, strict=True) if ok)
-            rows[found] = np.frombuffer(blob, dtype="<f4").reshape(-1, dim)
-        return rows, found
+        return self.fetch_many(version, [(table, keys)], dim)[0]
+
+    def fetch_many(
+        self, version: int, wanted: list[tuple[str, np.ndarray]], dim: int
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """``(rows, found)`` per ``(table, keys)``, all in ONE MGET (raises on Redis errors)."""
+        names = [
+            f"{self.prefix(version, table)}{k}" for table, keys in wanted for k in keys.tolist()
+        ]
+        values: list[Any] = self.client.mget(names) if names else []
+        results, start = [], 0
+        for _, keys in wanted:
+            part = values[start : start + len(keys)]
+            start += len(keys)
+            found = np.fromiter(
+                (v is not None and len(v) == dim * 4 for v in part), bool, len(part)
+            )
+            rows = np.zeros((len(keys), dim), np.float32)
+            if found.any():
+                blob = b"".join(v for v, ok in zip(part, found, strict=True) if ok)
+                rows[found] = np.frombuffer(blob, dtype="<f4").reshape(-1, dim)
+            results.append((rows, found))
+        return results
 
     def close(self) -> None:
         if self._client is not None:

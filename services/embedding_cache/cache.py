@@ -5,8 +5,8 @@ on the CPU) with the hottest rows, a larger host tier, and Redis with every row.
 
 1. unique its keys (ids outside the table map to the default row, counted);
 2. one vectorised probe of the device tier, then of the host tier for what missed;
-3. one MGET to Redis for the rest (never-seen ids -> default row, counted; Redis down ->
-   default rows, ``degraded`` set, nothing raised);
+3. one MGET to Redis for what every table missed (never-seen ids -> default row, counted;
+   Redis down -> default rows, ``degraded`` set, nothing raised);
 4. insert fetched rows — synchronously while the hit ratio is below ``async_threshold``,
    on a background thread above it — and return the rows in request order.
 """
@@ -91,8 +91,8 @@ class TableCache:
             if absent.any():
                 self._insert(self.device_tier, keys[absent], rows[torch.from_numpy(absent)])
 
-    def lookup(self, keys: np.ndarray, inserter: queue.SimpleQueue | None) -> torch.Tensor:
-        """Rows ``[len(keys), dim]`` for one table (CPU tensor)."""
+    def probe(self, keys: np.ndarray) -> _Pending:
+        """Serve what the tiers hold; return the rest to be fetched (all tables at once)."""
         keys = np.asarray(keys, dtype=np.int64)
         valid = (keys >= 0) & (keys < self.rows)
         if not valid.all():
@@ -129,30 +129,48 @@ class TableCache:
         self.stats["host_hits"] += int(host_hit.sum())
         batch_hit_ratio = 1.0 - len(missing) / max(len(unique), 1)
         self.hit_ratio = 0.9 * self.hit_ratio + 0.1 * batch_hit_ratio
+        return _Pending(valid, unique, inverse.reshape(-1), found, missing)
+
+    def complete(
+        self,
+        pending: _Pending,
+        fetched: tuple[np.ndarray, np.ndarray] | None,
+        inserter: queue.SimpleQueue | None,
+    ) -> torch.Tensor:
+        """Fill the fetched rows (``None``: the store failed -> default rows, degraded), insert
+        them, and return rows ``[len(keys), dim]`` in request order."""
+        missing, unique, found = pending.missing, pending.unique, pending.found
         self.degraded = False
-        if len(missing):
-            try:
-                fetched, present = self.backing.fetch(
-                    self.version, self.table, unique[missing], self.dim
-                )
-            except Exception:
-                self.degraded = True
-                DEFAULTS.labels(reason="redis_unavailable").inc(len(missing))
-            else:
-                if not present.all():
-                    DEFAULTS.labels(reason="not_in_store").inc(int((~present).sum()))
-                rows = torch.from_numpy(fetched)
-                found[torch.from_numpy(missing)] = rows
-                keys_found, rows_found = unique[missing][present], rows[torch.from_numpy(present)]
-                if len(keys_found):
-                    if inserter is not None and self.hit_ratio >= self.config.async_threshold:
-                        inserter.put((self, keys_found, rows_found))
-                    else:
-                        self.insert_fetched(keys_found, rows_found)
-        out = found[torch.from_numpy(inverse.reshape(-1))]
-        if not valid.all():
-            out[torch.from_numpy(~valid)] = 0.0
+        if len(missing) and fetched is None:
+            self.degraded = True
+            DEFAULTS.labels(reason="redis_unavailable").inc(len(missing))
+        elif len(missing) and fetched is not None:
+            values, present = fetched
+            if not present.all():
+                DEFAULTS.labels(reason="not_in_store").inc(int((~present).sum()))
+            rows = torch.from_numpy(values)
+            found[torch.from_numpy(missing)] = rows
+            keys_found, rows_found = unique[missing][present], rows[torch.from_numpy(present)]
+            if len(keys_found):
+                if inserter is not None and self.hit_ratio >= self.config.async_threshold:
+                    inserter.put((self, keys_found, rows_found))
+                else:
+                    self.insert_fetched(keys_found, rows_found)
+        out = found[torch.from_numpy(pending.inverse)]
+        if not pending.valid.all():
+            out[torch.from_numpy(~pending.valid)] = 0.0
         return out
+
+
+@dataclass
+class _Pending:
+    """One table's part of a batch between the tier probe and the Redis fetch."""
+
+    valid: np.ndarray
+    unique: np.ndarray
+    inverse: np.ndarray
+    found: torch.Tensor
+    missing: np.ndarray
 
 
 class HierarchicalEmbeddingCache(EmbeddingLookup):
@@ -205,8 +223,15 @@ class HierarchicalEmbeddingCache(EmbeddingLookup):
         if sparse.ndim != 2 or sparse.shape[1] != len(self.caches):
             raise ValueError(f"expected ids of shape [N, {len(self.caches)}], got {sparse.shape}")
         out = np.empty((sparse.shape[0], len(self.caches), self.dim), dtype=np.float32)
-        for j, cache in enumerate(self.caches):
-            out[:, j] = cache.lookup(sparse[:, j], self._inserts).numpy()
+        pending = [cache.probe(sparse[:, j]) for j, cache in enumerate(self.caches)]
+        wanted = [(c.table, p.unique[p.missing]) for c, p in zip(self.caches, pending, strict=True)]
+        fetched: list[tuple[np.ndarray, np.ndarray]] | list[None]
+        try:  # one MGET for the misses of every table
+            fetched = self.backing.fetch_many(self.version, wanted, self.dim)
+        except Exception:
+            fetched = [None] * len(self.caches)
+        for j, (cache, part) in enumerate(zip(self.caches, pending, strict=True)):
+            out[:, j] = cache.complete(part, fetched[j], self._inserts).numpy()
         self.degraded = any(c.degraded for c in self.caches)
         LOOKUP_SECONDS.observe(time.perf_counter() - started)
         return out
