@@ -3,7 +3,8 @@
 For each catalog (MovieLens-100K, and a synthetic catalog of 1M items) it trains and exports
 a release once (cached under bench/results/artifacts/), starts what is not running (a private
 redis-server, Triton from the nvidia-pytriton wheel, the gateway), loads the users and the
-DLRM embedding rows into Redis (the ranker reads them through the embedding cache), then:
+DLRM embedding rows into Redis (with --embedding-cache the ranker reads them through the
+hierarchical cache instead of whole in-memory tables), then:
 
 - concurrency 1: every stage runs alone; the server-reported per-stage p50s are summed, and
   the client-measured end-to-end p50 divided by that sum is the orchestration overhead
@@ -199,9 +200,10 @@ def run_catalog(name: str, args: argparse.Namespace) -> dict:
         from services.triton_server import TritonServer
 
         redis = start_redis(stack, work)
-        # the ranker inside Triton reads its embedding rows through the cache, backed by this
-        # Redis (materialize writes them there too)
-        os.environ["CASCADE_EMBEDDING_CACHE__REDIS_URL"] = redis
+        if args.embedding_cache:  # the ranker in Triton reads embedding rows through the cache
+            os.environ["CASCADE_EMBEDDING_CACHE__REDIS_URL"] = redis
+        else:
+            os.environ.pop("CASCADE_EMBEDDING_CACHE__REDIS_URL", None)
         subprocess.run(
             [
                 sys.executable,
@@ -271,6 +273,7 @@ def run_catalog(name: str, args: argparse.Namespace) -> dict:
             "items": int(np.load(sorted((root / "releases").glob("*/item_ids.npy"))[-1]).shape[0]),
             "concurrency": args.concurrency,
             "triton_protocol": args.protocol,
+            "embedding_cache": args.embedding_cache,
             "k": args.k,
             "candidates": 300,
             **{k: loaded[k] for k in ("p50_ms", "p99_ms", "rps", "errors", "degraded")},
@@ -304,6 +307,11 @@ def main() -> None:
     )
     parser.add_argument("--k", type=int, default=20)
     parser.add_argument("--workers", type=int, default=1, help="gateway (uvicorn) processes")
+    parser.add_argument(
+        "--embedding-cache",
+        action="store_true",
+        help="DLRM rows through the device/host/Redis cache (default: in memory)",
+    )
     parser.add_argument("--protocol", choices=["http", "grpc"], default="grpc", help="to Triton")
     args = parser.parse_args()
     runs = [run_catalog(name, args) for name in args.catalogs]

@@ -43,7 +43,7 @@ class EmbeddingCacheSettings(BaseModel):
     """DLRM embedding rows: in memory (no URL) or device -> host -> Redis cache."""
 
     redis_url: str | None = Field(
-        None, description="Backing Redis; unset = CASCADE_REDIS__URL; neither = tables in memory."
+        None, description="Backing Redis of the cache; unset = whole tables in memory."
     )
     namespace: str = Field("cascade", description="Key prefix of the embedding rows.")
     device_capacity: float = Field(

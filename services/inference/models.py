@@ -44,13 +44,13 @@ class QueryTowerModel:
 
 def embeddings_for(directory: Path) -> EmbeddingLookup:
     """The ranker's embedding rows as configured: the hierarchical cache when
-    ``CASCADE_EMBEDDING_CACHE__REDIS_URL`` (or, failing that, ``CASCADE_REDIS__URL``) is set,
-    else the whole tables in memory."""
+    ``CASCADE_EMBEDDING_CACHE__REDIS_URL`` is set, else the whole tables in memory. (Opt-in
+    for now: inside Triton's python backend the cache costs ~3 ms per ranker call, see
+    bench/serving.py --embedding-cache.)"""
     from services.settings import Settings
 
-    everything = Settings()
-    settings = everything.embedding_cache
-    url = settings.redis_url or everything.redis.url
+    settings = Settings().embedding_cache
+    url = settings.redis_url
     if not url:
         return InMemoryTables.load(directory / "embeddings")
     from services.embedding_cache.backing import RedisRows
