@@ -19,8 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import socket
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -30,14 +28,9 @@ import torch
 
 from services.embedding_cache.backing import RedisRows
 from services.embedding_cache.cache import CacheConfig, HierarchicalEmbeddingCache
+from services.local_redis import start_redis_server
 
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def zipf_stream(alpha: float, rows: int, batches: int, batch: int, seed: int) -> np.ndarray:
@@ -74,27 +67,9 @@ def main() -> None:
 
     table = np.random.default_rng(0).standard_normal((args.rows, args.dim), dtype=np.float32)
     directory = tempfile.mkdtemp()
-    port = free_port()
-    server = subprocess.Popen(
-        [
-            shutil.which("redis-server") or "redis-server",
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            directory,
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    url, server = start_redis_server(Path(directory))
     try:
-        time.sleep(0.5)
-        backing = RedisRows(f"redis://127.0.0.1:{port}/0", timeout_s=30.0)
+        backing = RedisRows(url, timeout_s=30.0)
         started = time.perf_counter()
         backing.write_table(1, "t", table)
         write_s = time.perf_counter() - started

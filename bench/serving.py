@@ -24,9 +24,7 @@ import asyncio
 import json
 import os
 import random
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -35,6 +33,8 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 import pandas as pd
+
+from services.local_redis import free_port, start_redis_server
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -64,12 +64,6 @@ CATALOGS = {
         "2000",
     ],
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_for(url: str, timeout_s: float) -> None:
@@ -115,28 +109,9 @@ def ensure_release(name: str) -> Path:
 def start_redis(stack: list[subprocess.Popen[bytes]], directory: Path) -> str:
     if os.environ.get("CASCADE_REDIS__URL"):
         return os.environ["CASCADE_REDIS__URL"]
-    port = free_port()
-    stack.append(
-        subprocess.Popen(
-            [
-                shutil.which("redis-server") or "redis-server",
-                "--port",
-                str(port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(directory),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-    )
-    time.sleep(0.5)
-    return f"redis://127.0.0.1:{port}/0"
+    url, process = start_redis_server(directory)
+    stack.append(process)
+    return url
 
 
 def user_ids(root: Path) -> list[int]:

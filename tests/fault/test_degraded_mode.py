@@ -3,8 +3,6 @@ duplicate or a seen item."""
 
 from __future__ import annotations
 
-import shutil
-import socket
 import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -18,17 +16,12 @@ from pipelines.errors import ArtifactError
 from services.api.app import create_app
 from services.gateway import Gateway
 from services.inference.triton import TritonBackend
+from services.local_redis import free_port, start_redis_server
 from services.materialize import user_records
 from services.settings import BreakerSettings, RedisSettings, Settings, TritonSettings
 from services.stores.memory import InMemoryStore
 from services.stores.redis import RedisStore
 from tests.unit.services.fakes import FaultyBackend
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def _client(gateway: Gateway) -> AsyncIterator[httpx.AsyncClient]:
@@ -56,41 +49,18 @@ def _settings(exported: Path, **overrides: object) -> Settings:
 @pytest.fixture
 def redis_server(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """A private redis-server this test may stop."""
-    binary = shutil.which("redis-server")
-    if binary is None:
+    try:
+        url, process = start_redis_server(tmp_path)
+    except FileNotFoundError:
         pytest.skip("redis-server is not installed (.ci/run installs it)")
-    port = _free_port()
-    process = subprocess.Popen(
-        [
-            binary,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(tmp_path),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    for _ in range(100):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
-            break
-        except OSError:
-            time.sleep(0.05)
-    yield f"redis://127.0.0.1:{port}/0", process
+    yield url, process
     process.kill()
     process.wait()
 
 
 async def test_redis_unreachable_gives_degraded_cold_start_answers(exported: Path) -> None:
     settings = _settings(
-        exported, redis=RedisSettings(url=f"redis://127.0.0.1:{_free_port()}/0", timeout_ms=50)
+        exported, redis=RedisSettings(url=f"redis://127.0.0.1:{free_port()}/0", timeout_ms=50)
     )
     gateway = Gateway(settings)
     async for http in _client(gateway):
@@ -139,7 +109,7 @@ async def test_redis_stopped_mid_flight_then_breaker_opens(
 
 async def test_inference_server_down_orders_by_retrieval_then_popularity(exported: Path) -> None:
     settings = _settings(
-        exported, triton=TritonSettings(url=f"127.0.0.1:{_free_port()}", timeout_ms=200)
+        exported, triton=TritonSettings(url=f"127.0.0.1:{free_port()}", timeout_ms=200)
     )
     gateway = Gateway(settings, backend=TritonBackend(settings.triton.url or ""))
     async for http in _client(gateway):
