@@ -29,6 +29,7 @@ class RequestContext:
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     user: UserRecord | None = None
     unavailable: np.ndarray = field(default_factory=lambda: EMPTY_IDS)
+    banned: np.ndarray = field(default_factory=lambda: EMPTY_IDS)  # positions never to return
     candidates: np.ndarray = field(default_factory=lambda: EMPTY_IDS)
     retrieval_scores: np.ndarray = field(default_factory=lambda: EMPTY_SCORES)
     scores: np.ndarray = field(default_factory=lambda: EMPTY_SCORES)

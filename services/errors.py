@@ -27,6 +27,4 @@ def http_status(error: CascadeError) -> int:
     """The HTTP status of a domain error."""
     if isinstance(error, NotReady | DependencyUnavailable):
         return 503
-    if isinstance(error, ArtifactError):
-        return 500
-    return 500
+    return 500  # ArtifactError and anything else: the server's own fault

@@ -18,10 +18,11 @@ from services.settings import Settings
 
 def create_app(settings: Settings | None = None, gateway: Gateway | None = None) -> FastAPI:
     """Build the app; ``gateway`` lets tests inject stores and backends."""
+    resolved = gateway.settings if gateway is not None else (settings or Settings())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        chosen = gateway or Gateway(settings or Settings())
+        chosen = gateway or Gateway(resolved)
         app.state.gateway = chosen
         await chosen.start()
         try:
@@ -42,6 +43,5 @@ def create_app(settings: Settings | None = None, gateway: Gateway | None = None)
     async def domain_error(request: Request, error: CascadeError) -> JSONResponse:
         return JSONResponse({"detail": str(error)}, status_code=http_status(error))
 
-    max_bytes = (settings or (gateway.settings if gateway else None) or Settings()).max_body_bytes
-    app.add_middleware(BodySizeLimit, max_bytes=max_bytes)
+    app.add_middleware(BodySizeLimit, max_bytes=resolved.max_body_bytes)
     return app

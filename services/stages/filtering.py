@@ -49,7 +49,7 @@ class FilteringStage:
     async def __call__(self, ctx: RequestContext) -> RequestContext:
         release = self.releases[ctx.model_version]
         banned = self.banned_positions(release, ctx)
-        ctx.context["_banned"] = banned  # ordering must not pin a banned item back in
+        ctx.banned = banned  # ordering must not pin a banned item back in
         keep = ~np.isin(ctx.candidates, banned)
         _, first = np.unique(ctx.candidates, return_index=True)
         unique = np.zeros(len(ctx.candidates), dtype=bool)

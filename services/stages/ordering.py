@@ -77,7 +77,7 @@ class OrderingStage:
     def _pin(
         self, release: Release, ctx: RequestContext, positions: np.ndarray, scores: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        banned = ctx.context.get("_banned", np.zeros(0, np.int64))
+        banned = ctx.banned
         for pin in sorted(self.rules.pinned, key=lambda p: p.position):
             where = release.positions(np.asarray([pin.item_id]))[0]
             if where < 0 or np.isin(where, banned):

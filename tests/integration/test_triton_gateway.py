@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import socket
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import pytest
 
 from services.api.app import create_app
 from services.gateway import Gateway
+from services.local_redis import free_port
 from services.materialize import materialize
 from services.settings import RedisSettings, Settings, TritonSettings
 from services.triton_server import TritonServer, TritonUnavailable, wheel_directory
@@ -52,24 +52,17 @@ class TritonPythonModel:
 '''
 
 
-def _ports() -> tuple[int, int, int]:
-    sockets = [socket.socket() for _ in range(3)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = tuple(int(s.getsockname()[1]) for s in sockets)
-    for s in sockets:
-        s.close()
-    return ports  # type: ignore[return-value]
-
-
 def _start(repository: Path, log: Path) -> TritonServer:
     try:
         wheel_directory()
     except TritonUnavailable as error:
         pytest.skip(f"Triton cannot run here: {error}")
-    http, grpc, metrics = _ports()
     server = TritonServer(
-        repository, http_port=http, grpc_port=grpc, metrics_port=metrics, log_file=log
+        repository,
+        http_port=free_port(),
+        grpc_port=free_port(),
+        metrics_port=free_port(),
+        log_file=log,
     )
     server.start(timeout_s=90)
     return server

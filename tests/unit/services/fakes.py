@@ -19,7 +19,6 @@ class FaultyBackend(InferenceBackend):
         self.inner = LocalBackend(model_repository)
         self.mode = mode
         self.delay_s = delay_s
-        self.calls = 0
 
     async def start(self, versions: list[int]) -> None:
         await self.inner.start(versions)
@@ -28,7 +27,6 @@ class FaultyBackend(InferenceBackend):
         await self.inner.close()
 
     async def _fault(self, result: np.ndarray) -> np.ndarray:
-        self.calls += 1
         if self.mode == "raise":
             raise ConnectionError("inference server refused the connection")
         if self.mode == "slow":

@@ -182,7 +182,6 @@ async def test_ordering_applies_boost_diversity_pin_and_cuts_to_k(release: Relea
     )
     ctx = _ctx(release, k=8)
     ctx.candidates, ctx.scores = positions, scores
-    ctx.context["_banned"] = np.zeros(0, np.int64)
     ctx = await OrderingStage({release.version: release}, rules)(ctx)
     assert len(ctx.candidates) == 8
     assert ctx.candidates[0] == last  # boosted x10 inside its date range (ctx time is 2023-11)
@@ -200,7 +199,7 @@ async def test_a_banned_item_is_never_pinned(release: Release) -> None:
         release.popularity[:10].copy(),
         np.linspace(1, 0, 10).astype(np.float32),
     )
-    ctx.context["_banned"] = np.array([pinned])
+    ctx.banned = np.array([pinned])
     ctx = await OrderingStage({release.version: release}, rules)(ctx)
     assert pinned not in ctx.candidates.tolist()
 
