@@ -5,8 +5,12 @@ each). Zipf(alpha) key streams (hot ids scattered over the table by a random per
 are looked up in batches of 2,000 keys:
 
 - cache: device tier = capacity / 4, host tier = capacity (5% or 20% of the rows), LRU,
-  asynchronous inserts above a 0.9 hit ratio; warmed up first, then measured;
-- Redis only: one pipelined MGET of the batch's unique keys, every batch;
+  asynchronous work above a hit ratio of ``--async-threshold``; each capacity with both miss
+  policies: ``fetch`` (exact: misses read from Redis on the request path) and ``defer``
+  (misses above the threshold answered with the default row, read in the background; its
+  ``deferred_ratio`` is the share of keys so answered); warmed up first, then measured;
+- Redis only, two ways: a pipeline of one GET per key of the batch (redis-py), and one MGET
+  of the batch's unique keys over the same connection the cache uses (the stronger one);
 - the limit: ``index_select`` on the whole table in memory.
 
 Prints a table, then one JSON object as the last line (also bench/results/embedding_cache.json).
@@ -51,6 +55,64 @@ def timed(fn, batches: np.ndarray) -> tuple[float, float, float]:  # type: ignor
     return batches.size / sum(latencies), float(np.percentile(ms, 50)), float(np.percentile(ms, 99))
 
 
+def figures(measured: tuple[float, float, float]) -> dict[str, float]:
+    rate, p50, p99 = measured
+    return {"lookups_per_s": round(rate), "p50_ms": round(p50, 3), "p99_ms": round(p99, 3)}
+
+
+def pipelined_gets(backing: RedisRows, keys: np.ndarray) -> list:
+    """The plain Redis-only client: one GET per key of the batch, in one pipeline."""
+    prefix = backing.prefix(1, "t")
+    pipe = backing.client.pipeline(transaction=False)
+    for key in keys.tolist():
+        pipe.get(f"{prefix}{key}")
+    return pipe.execute()
+
+
+def measure_cache(
+    backing: RedisRows,
+    args: argparse.Namespace,
+    alpha: float,
+    capacity: float,
+    miss_policy: str,
+    warm: np.ndarray,
+    measured: np.ndarray,
+) -> dict:
+    cache = HierarchicalEmbeddingCache(
+        backing,
+        1,
+        {"t": args.rows},
+        args.dim,
+        CacheConfig(
+            device_capacity=capacity / 4,
+            host_capacity=capacity,
+            async_threshold=args.async_threshold,
+            miss_policy=miss_policy,  # type: ignore[arg-type]
+        ),
+        device=torch.device("cuda" if torch.cuda.is_available() else "cpu"),
+    )
+    try:
+        for keys in warm:
+            cache.lookup(keys[:, None])
+        cache.flush()
+        before = dict(cache.stats)
+        rate, p50, p99 = timed(lambda k: cache.lookup(k[:, None]), measured)
+        delta = {k: cache.stats[k] - before[k] for k in before}
+    finally:
+        cache.close()
+    return {
+        "alpha": alpha,
+        "capacity": capacity,
+        "miss_policy": miss_policy,
+        "hit_ratio": round(delta["key_hits"] / delta["keys"], 4),
+        "device_hit_ratio": round(delta["device_hits"] / delta["keys"], 4),
+        "deferred_ratio": round(delta["deferred"] / delta["keys"], 4),
+        "lookups_per_s": round(rate),
+        "p50_ms": round(p50, 3),
+        "p99_ms": round(p99, 3),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -61,7 +123,8 @@ def main() -> None:
     parser.add_argument(
         "--batches", type=int, default=300, help="measured batches per configuration"
     )
-    parser.add_argument("--warmup", type=int, default=300, help="batches before measuring")
+    parser.add_argument("--warmup", type=int, default=1000, help="batches before measuring")
+    parser.add_argument("--async-threshold", type=float, default=0.85)
     args = parser.parse_args()
     torch.set_num_threads(1)
 
@@ -83,61 +146,31 @@ def main() -> None:
             )
             warm, measured = stream[: args.warmup], stream[args.warmup :]
             in_memory = timed(lambda k: tensor.index_select(0, torch.from_numpy(k)), measured)
-            redis_only = timed(lambda k: backing.fetch(1, "t", np.unique(k), args.dim), measured)
+            redis_mget = timed(lambda k: backing.fetch(1, "t", np.unique(k), args.dim), measured)
+            redis_get = timed(lambda k: pipelined_gets(backing, k), measured)
             for capacity in (0.05, 0.2):
-                cache = HierarchicalEmbeddingCache(
-                    backing,
-                    1,
-                    {"t": args.rows},
-                    args.dim,
-                    CacheConfig(device_capacity=capacity / 4, host_capacity=capacity),
-                    device=torch.device("cuda" if torch.cuda.is_available() else "cpu"),
-                )
-                for keys in warm:
-                    cache.lookup(keys[:, None])
-                cache.flush()
-                stats = cache.caches[0].stats
-                before = dict(stats)
-                rate, p50, p99 = timed(lambda k, c=cache: c.lookup(k[:, None]), measured)
-                after = cache.caches[0].stats
-                delta = {k: after[k] - before[k] for k in after}
-                cache.close()
-                runs.append(
-                    {
-                        "alpha": alpha,
-                        "capacity": capacity,
-                        "hit_ratio": round(delta["key_hits"] / delta["keys"], 4),
-                        "unique_hit_ratio": round(
-                            (delta["device_hits"] + delta["host_hits"]) / delta["unique"], 4
-                        ),
-                        "device_hit_ratio": round(delta["device_hits"] / delta["unique"], 4),
-                        "lookups_per_s": round(rate),
-                        "p50_ms": round(p50, 3),
-                        "p99_ms": round(p99, 3),
-                        "redis_only": {
-                            "lookups_per_s": round(redis_only[0]),
-                            "p50_ms": round(redis_only[1], 3),
-                            "p99_ms": round(redis_only[2], 3),
-                        },
-                        "in_memory": {
-                            "lookups_per_s": round(in_memory[0]),
-                            "p50_ms": round(in_memory[1], 3),
-                            "p99_ms": round(in_memory[2], 3),
-                        },
-                        "vs_redis_only": round(rate / redis_only[0], 1),
-                        "fraction_of_in_memory": round(rate / in_memory[0], 3),
-                    }
-                )
-                run = runs[-1]
-                print(
-                    f"alpha {alpha} cache {capacity:.0%}: hit {run['hit_ratio']:.3f} "
-                    f"{run['lookups_per_s']:,} lookups/s "
-                    f"p50 {run['p50_ms']} ms p99 {run['p99_ms']} ms | "
-                    f"redis-only {run['redis_only']['lookups_per_s']:,}/s "
-                    f"({run['vs_redis_only']}x) | "
-                    f"in-memory {run['in_memory']['lookups_per_s']:,}/s",
-                    flush=True,
-                )
+                for miss_policy in ("fetch", "defer"):
+                    runs.append(
+                        measure_cache(backing, args, alpha, capacity, miss_policy, warm, measured)
+                    )
+                    run = runs[-1]
+                    run["redis_only_get"] = figures(redis_get)
+                    run["redis_only_mget"] = figures(redis_mget)
+                    run["in_memory"] = figures(in_memory)
+                    run["vs_redis_only_get"] = round(run["lookups_per_s"] / redis_get[0], 1)
+                    run["vs_redis_only_mget"] = round(run["lookups_per_s"] / redis_mget[0], 1)
+                    run["fraction_of_in_memory"] = round(run["lookups_per_s"] / in_memory[0], 3)
+                    print(
+                        f"alpha {alpha} cache {capacity:.0%} {miss_policy}: "
+                        f"hit {run['hit_ratio']:.3f} deferred {run['deferred_ratio']:.3f} "
+                        f"{run['lookups_per_s']:,} lookups/s "
+                        f"p50 {run['p50_ms']} ms p99 {run['p99_ms']} ms | redis-only "
+                        f"GET {round(redis_get[0]):,}/s ({run['vs_redis_only_get']}x) "
+                        f"MGET {round(redis_mget[0]):,}/s ({run['vs_redis_only_mget']}x) | "
+                        f"in-memory {round(in_memory[0]):,}/s "
+                        f"({run['fraction_of_in_memory']:.2f} of it)",
+                        flush=True,
+                    )
     finally:
         server.kill()
         server.wait()
@@ -149,6 +182,7 @@ def main() -> None:
         "batch": args.batch,
         "device": "cuda" if torch.cuda.is_available() else "cpu",
         "redis_write_s": round(write_s, 1),
+        "async_threshold": args.async_threshold,
         "configs": runs,
     }
     RESULTS.mkdir(exist_ok=True)

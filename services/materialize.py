@@ -48,10 +48,14 @@ def materialize_embeddings(rows: RedisRows, model_repository: Path, version: int
     if not (directory / "tables.json").is_file():
         raise ArtifactError(f"{directory / 'tables.json'} is missing")
     spec = json.loads((directory / "tables.json").read_text())
-    return sum(
+    written = sum(
         rows.write_table(version, column, np.load(directory / f"{column}.npy", mmap_mode="r"))
         for column in spec["columns"]
     )
+    rows.mark_complete(
+        version, {c: int(spec["rows"][c]) for c in spec["columns"]}, int(spec["dim"])
+    )
+    return written
 
 
 async def materialize(store: OnlineStore, release_dir: Path) -> int:

@@ -2,15 +2,22 @@
 
 Key: ``{namespace}:emb:v{model_version}:{table}:{row}`` -> ``dim * 4`` bytes. A new model
 version writes its own keys, so a version switch can never read the old version's rows.
-Reads are one ``MGET`` per batch of misses; writes are pipelined ``MSET`` chunks.
+Reads are one ``MGET`` per batch of misses (over ``RespConnection``, one per thread, for
+``redis://`` URLs); writes are pipelined ``MSET`` chunks. ``{namespace}:emb:v{version}:tables``
+(table -> rows, and the dim) is written after every row of a version, so a reader can tell a
+completely materialized version from a missing or half-written one.
 """
 
 from __future__ import annotations
 
+import json
+import threading
 from typing import Any
 
 import numpy as np
 import redis
+
+from services.embedding_cache.resp import RespConnection
 
 WRITE_CHUNK = 20_000
 
@@ -23,6 +30,8 @@ class RedisRows:
         self.namespace = namespace
         self.timeout_s = timeout_s
         self._client: redis.Redis | None = None
+        self._local = threading.local()  # one RespConnection per reading thread
+        self._connections: list[RespConnection] = []
 
     @property
     def client(self) -> redis.Redis:
@@ -59,24 +68,53 @@ class RedisRows:
     ) -> list[tuple[np.ndarray, np.ndarray]]:
         """``(rows, found)`` per ``(table, keys)``, all in ONE MGET (raises on Redis errors)."""
         names = [
-            f"{self.prefix(version, table)}{k}" for table, keys in wanted for k in keys.tolist()
+            prefix + b"%d" % key
+            for prefix, keys in ((self.prefix(version, t).encode(), k) for t, k in wanted)
+            for key in keys.tolist()
         ]
-        values: list[Any] = self.client.mget(names) if names else []
-        results, start = [], 0
-        for _, keys in wanted:
-            part = values[start : start + len(keys)]
-            start += len(keys)
-            found = np.fromiter(
-                (v is not None and len(v) == dim * 4 for v in part), bool, len(part)
-            )
-            rows = np.zeros((len(keys), dim), np.float32)
-            if found.any():
-                blob = b"".join(v for v, ok in zip(part, found, strict=True) if ok)
-                rows[found] = np.frombuffer(blob, dtype="<f4").reshape(-1, dim)
-            results.append((rows, found))
-        return results
+        values: list[Any] = self._mget(names) if names else []
+        width = dim * 4
+        if None not in values and set(map(len, values)) <= {width}:  # every row stored, whole
+            rows = np.frombuffer(b"".join(values), dtype="<f4").reshape(-1, dim).copy()
+            return self._split(wanted, rows, np.ones(len(values), dtype=bool))
+        found = np.fromiter((v is not None and len(v) == width for v in values), bool, len(values))
+        rows = np.zeros((len(values), dim), np.float32)
+        if found.any():
+            blob = b"".join(v for v, ok in zip(values, found, strict=True) if ok)
+            rows[found] = np.frombuffer(blob, dtype="<f4").reshape(-1, dim)
+        return self._split(wanted, rows, found)
+
+    def _mget(self, names: list[bytes]) -> list[Any]:
+        if not RespConnection.supports(self.url):
+            return self.client.mget(names)
+        connection = getattr(self._local, "connection", None)
+        if connection is None:
+            connection = self._local.connection = RespConnection(self.url, self.timeout_s)
+            self._connections.append(connection)
+        return connection.execute("MGET", *names)
+
+    def mark_complete(self, version: int, tables: dict[str, int], dim: int) -> None:
+        """Record that every row of ``tables`` of ``version`` is stored (write it last)."""
+        spec = json.dumps({"tables": tables, "dim": dim})
+        self.client.set(f"{self.namespace}:emb:v{version}:tables", spec)
+
+    def stored_tables(self, version: int) -> dict[str, Any] | None:
+        """``{"tables": {name: rows}, "dim": d}`` of a completely stored version, else None."""
+        raw = self.client.get(f"{self.namespace}:emb:v{version}:tables")
+        return None if raw is None else json.loads(raw)
+
+    @staticmethod
+    def _split(
+        wanted: list[tuple[str, np.ndarray]], rows: np.ndarray, found: np.ndarray
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        bounds = np.cumsum([0] + [len(keys) for _, keys in wanted])
+        return [(rows[a:b], found[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
     def close(self) -> None:
+        for connection in self._connections:
+            connection.close()
+        self._connections.clear()
+        self._local = threading.local()
         if self._client is not None:
             self._client.close()
             self._client = None

@@ -1,14 +1,26 @@
 """The hierarchical embedding cache behind DLRM scoring (implements ``EmbeddingLookup``).
 
-Per table and model version: a device tier (a torch tensor on the GPU when one exists, else
-on the CPU) with the hottest rows, a larger host tier, and Redis with every row. A batch:
+All tables of one model version share one key space (table offset + row id) and therefore
+one device tier (a torch tensor on the GPU when one exists, else on the CPU), one larger host
+tier, and Redis with every row. A batch ``[N, T]`` of ids is looked up as a whole:
 
-1. unique its keys (ids outside the table map to the default row, counted);
-2. one vectorised probe of the device tier, then of the host tier for what missed;
-3. one MGET to Redis for what every table missed (never-seen ids -> default row, counted;
-   Redis down -> default rows, ``degraded`` set, nothing raised);
-4. insert fetched rows — synchronously while the hit ratio is below ``async_threshold``,
-   on a background thread above it — and return the rows in request order.
+1. offset its keys (ids outside their table map to the default row, counted);
+2. one gather of the device tier in request order, then one probe of the host tier for the
+   positions that missed (no unique and no per-key Python while keys hit);
+3. the misses, uniqued, either
+   - ``miss_policy="fetch"`` (exact, the default): read in ONE MGET and returned; inserted
+     synchronously while the hit ratio is below ``async_threshold``, on the background
+     thread above it; or
+   - ``miss_policy="defer"`` (bounded latency): the same while the hit ratio is below
+     ``async_threshold``; above it they are answered with the default row now (counted as
+     ``deferred``) and read and inserted on the background thread, so the request path
+     never waits for Redis once the cache is warm;
+4. rows come back in request order.
+
+Never-stored ids get the default row (counted); Redis down -> hits still served, default rows
+for misses, ``degraded`` set, nothing raised. ``switch_version`` starts a fresh generation of
+tiers, and background work of an older generation is dropped, so a version switch never
+serves a row of the old version.
 """
 
 from __future__ import annotations
@@ -17,6 +29,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
@@ -26,151 +39,47 @@ from services.embedding_cache.metrics import DEFAULTS, EVICTIONS, LOOKUP_SECONDS
 from services.embedding_cache.tier import CacheTier, Policy
 from services.inference.embeddings import EmbeddingLookup
 
+MissPolicy = Literal["fetch", "defer"]
+MAX_QUEUED = 256  # background items beyond this are dropped (deferred keys are asked again)
+
 
 @dataclass(frozen=True)
 class CacheConfig:
-    """Capacity per tier as rows (> 1) or as a fraction of the table (<= 1)."""
+    """Capacity per tier as rows (> 1) or as a fraction of all tables' rows (<= 1)."""
 
     device_capacity: float = 0.05
     host_capacity: float = 0.2
     policy: Policy = "lru"
     async_threshold: float = 0.9
+    miss_policy: MissPolicy = "fetch"
 
-    def rows(self, capacity: float, table_rows: int) -> int:
-        return max(1, int(capacity * table_rows) if capacity <= 1 else int(capacity))
+    def rows(self, capacity: float, total_rows: int) -> int:
+        return max(1, int(capacity * total_rows) if capacity <= 1 else int(capacity))
 
 
 def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-class TableCache:
-    """The tiers of one table for one model version."""
+class _Generation:
+    """The tiers of one model version; replaced whole on a version switch."""
 
     def __init__(
-        self,
-        table: str,
-        rows: int,
-        dim: int,
-        version: int,
-        backing: RedisRows,
-        config: CacheConfig,
-        device: torch.device,
+        self, version: int, total: int, dim: int, config: CacheConfig, device: torch.device
     ) -> None:
-        self.table, self.rows, self.dim, self.version = table, rows, dim, version
-        self.backing = backing
-        self.config = config
+        self.version = version
         self.device_tier = CacheTier(
-            "device", rows, dim, config.rows(config.device_capacity, rows), config.policy, device
+            "device", total, dim, config.rows(config.device_capacity, total), config.policy, device
         )
         self.host_tier = CacheTier(
             "host",
-            rows,
+            total,
             dim,
-            config.rows(config.host_capacity, rows),
+            config.rows(config.host_capacity, total),
             config.policy,
             torch.device("cpu"),
         )
-        self.lock = threading.Lock()
-        self.hit_ratio = 0.0
-        self.degraded = False
-        # running totals: keys asked for, unique keys, and hits of each (for benchmarks, tests)
-        self.stats = {"keys": 0, "key_hits": 0, "unique": 0, "device_hits": 0, "host_hits": 0}
-
-    def _insert(self, tier: CacheTier, keys: np.ndarray, rows: torch.Tensor) -> None:
-        before = tier.evictions
-        tier.insert(keys, rows)
-        EVICTIONS.labels(tier=tier.name).inc(tier.evictions - before)
-
-    def insert_fetched(self, keys: np.ndarray, rows: torch.Tensor) -> None:
-        with self.lock:
-            absent = self.host_tier.slot_of[keys] < 0
-            if absent.any():
-                self._insert(self.host_tier, keys[absent], rows[torch.from_numpy(absent)])
-            absent = self.device_tier.slot_of[keys] < 0
-            if absent.any():
-                self._insert(self.device_tier, keys[absent], rows[torch.from_numpy(absent)])
-
-    def probe(self, keys: np.ndarray) -> _Pending:
-        """Serve what the tiers hold; return the rest to be fetched (all tables at once)."""
-        keys = np.asarray(keys, dtype=np.int64)
-        valid = (keys >= 0) & (keys < self.rows)
-        if not valid.all():
-            DEFAULTS.labels(reason="out_of_range").inc(int((~valid).sum()))
-        unique, inverse = np.unique(np.where(valid, keys, 0), return_inverse=True)
-        found = torch.zeros((len(unique), self.dim), dtype=torch.float32)
-        with self.lock:
-            slots, hit = self.device_tier.probe(unique)
-            if hit.any():
-                found[torch.from_numpy(hit)] = self.device_tier.gather(slots[hit]).cpu()
-            rest = np.flatnonzero(~hit)
-            host_slots, host_hit = self.host_tier.probe(unique[rest])
-            if host_hit.any():
-                found[torch.from_numpy(rest[host_hit])] = self.host_tier.gather(
-                    host_slots[host_hit]
-                )
-                promoted = rest[host_hit]
-                absent = self.device_tier.slot_of[unique[promoted]] < 0
-                self._insert(
-                    self.device_tier,
-                    unique[promoted][absent],
-                    found[torch.from_numpy(promoted[absent])],
-                )
-        missing = rest[~host_hit]
-        LOOKUPS.labels(tier="device", result="hit").inc(int(hit.sum()))
-        LOOKUPS.labels(tier="host", result="hit").inc(int(host_hit.sum()))
-        LOOKUPS.labels(tier="redis", result="fetch").inc(len(missing))
-        cached = np.ones(len(unique), dtype=bool)
-        cached[missing] = False
-        self.stats["keys"] += len(keys)
-        self.stats["key_hits"] += int(cached[inverse.reshape(-1)].sum())
-        self.stats["unique"] += len(unique)
-        self.stats["device_hits"] += int(hit.sum())
-        self.stats["host_hits"] += int(host_hit.sum())
-        batch_hit_ratio = 1.0 - len(missing) / max(len(unique), 1)
-        self.hit_ratio = 0.9 * self.hit_ratio + 0.1 * batch_hit_ratio
-        return _Pending(valid, unique, inverse.reshape(-1), found, missing)
-
-    def complete(
-        self,
-        pending: _Pending,
-        fetched: tuple[np.ndarray, np.ndarray] | None,
-        inserter: queue.SimpleQueue | None,
-    ) -> torch.Tensor:
-        """Fill the fetched rows (``None``: the store failed -> default rows, degraded), insert
-        them, and return rows ``[len(keys), dim]`` in request order."""
-        missing, unique, found = pending.missing, pending.unique, pending.found
-        self.degraded = False
-        if len(missing) and fetched is None:
-            self.degraded = True
-            DEFAULTS.labels(reason="redis_unavailable").inc(len(missing))
-        elif len(missing) and fetched is not None:
-            values, present = fetched
-            if not present.all():
-                DEFAULTS.labels(reason="not_in_store").inc(int((~present).sum()))
-            rows = torch.from_numpy(values)
-            found[torch.from_numpy(missing)] = rows
-            keys_found, rows_found = unique[missing][present], rows[torch.from_numpy(present)]
-            if len(keys_found):
-                if inserter is not None and self.hit_ratio >= self.config.async_threshold:
-                    inserter.put((self, keys_found, rows_found))
-                else:
-                    self.insert_fetched(keys_found, rows_found)
-        out = found[torch.from_numpy(pending.inverse)]
-        if not pending.valid.all():
-            out[torch.from_numpy(~pending.valid)] = 0.0
-        return out
-
-
-@dataclass
-class _Pending:
-    """One table's part of a batch between the tier probe and the Redis fetch."""
-
-    valid: np.ndarray
-    unique: np.ndarray
-    inverse: np.ndarray
-    found: torch.Tensor
-    missing: np.ndarray
+        self.in_flight = np.zeros(total, dtype=bool)  # deferred keys queued for a fetch
 
 
 class HierarchicalEmbeddingCache(EmbeddingLookup):
@@ -185,73 +94,221 @@ class HierarchicalEmbeddingCache(EmbeddingLookup):
         config: CacheConfig | None = None,
         device: torch.device | None = None,
     ) -> None:
+        if not tables:
+            raise ValueError("the embedding cache needs at least one table")
         self.backing = backing
         self.tables = tables
+        self.names = list(tables)
+        self.sizes = np.array(list(tables.values()), dtype=np.int64)
+        self.offsets = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
+        self.total = int(self.sizes.sum())
         self.dim = dim
         self.config = config or CacheConfig()
+        if self.config.miss_policy not in ("fetch", "defer"):
+            raise ValueError(f"miss_policy {self.config.miss_policy!r} is not fetch or defer")
         self.device = device or default_device()
-        self.version = version
-        self.caches = self._build(version)
-        self._inserts: queue.SimpleQueue = queue.SimpleQueue()
+        self.generation = _Generation(version, self.total, dim, self.config, self.device)
+        self.lock = threading.Lock()
+        self.hit_ratio = 0.0  # running mean over batches of the share of keys found in a tier
+        self.store_failed = False  # the last Redis read (of either thread) failed
+        # running totals (benchmarks, tests): keys asked for (in range), found in a tier, found
+        # per tier; unique keys read from Redis, and answered with a deferred default row
+        self.stats = dict.fromkeys(
+            ("keys", "key_hits", "device_hits", "host_hits", "fetched", "deferred"), 0
+        )
+        self._background: queue.Queue = queue.Queue(maxsize=MAX_QUEUED)
         self._worker = threading.Thread(
-            target=self._insert_loop, daemon=True, name="embedding-cache-insert"
+            target=self._background_loop, daemon=True, name="embedding-cache-background"
         )
         self._worker.start()
 
-    def _build(self, version: int) -> list[TableCache]:
-        return [
-            TableCache(name, rows, self.dim, version, self.backing, self.config, self.device)
-            for name, rows in self.tables.items()
-        ]
+    @property
+    def version(self) -> int:
+        return self.generation.version
 
-    def _insert_loop(self) -> None:
-        while True:
-            item = self._inserts.get()
-            if item is None:
-                return
-            cache, keys, rows = item
-            cache.insert_fetched(keys, rows)
+    @property
+    def device_tier(self) -> CacheTier:
+        return self.generation.device_tier
+
+    @property
+    def host_tier(self) -> CacheTier:
+        return self.generation.host_tier
 
     def switch_version(self, version: int) -> None:
         """Serve ``version`` from now on, from fresh tiers (no row of the old version survives)."""
-        self.caches = self._build(version)
-        self.version = version
+        fresh = _Generation(version, self.total, self.dim, self.config, self.device)
+        with self.lock:
+            self.generation = fresh
+            self.hit_ratio = 0.0
+
+    # -- the request path ---------------------------------------------------------------------
 
     def lookup(self, sparse: np.ndarray) -> np.ndarray:
         started = time.perf_counter()
         sparse = np.asarray(sparse, dtype=np.int64)
-        if sparse.ndim != 2 or sparse.shape[1] != len(self.caches):
-            raise ValueError(f"expected ids of shape [N, {len(self.caches)}], got {sparse.shape}")
-        out = np.empty((sparse.shape[0], len(self.caches), self.dim), dtype=np.float32)
-        pending = [cache.probe(sparse[:, j]) for j, cache in enumerate(self.caches)]
-        wanted = [(c.table, p.unique[p.missing]) for c, p in zip(self.caches, pending, strict=True)]
-        fetched: list[tuple[np.ndarray, np.ndarray]] | list[None]
-        try:  # one MGET for the misses of every table
-            fetched = self.backing.fetch_many(self.version, wanted, self.dim)
-        except Exception:
-            fetched = [None] * len(self.caches)
-        for j, (cache, part) in enumerate(zip(self.caches, pending, strict=True)):
-            out[:, j] = cache.complete(part, fetched[j], self._inserts).numpy()
-        self.degraded = any(c.degraded for c in self.caches)
+        if sparse.ndim != 2 or sparse.shape[1] != len(self.names):
+            raise ValueError(f"expected ids of shape [N, {len(self.names)}], got {sparse.shape}")
+        valid = ((sparse >= 0) & (sparse < self.sizes)).ravel()
+        keys = (sparse + self.offsets).ravel()
+        all_valid = bool(valid.all())
+        if not all_valid:
+            DEFAULTS.labels(reason="out_of_range").inc(int((~valid).sum()))
+            keys = np.where(valid, keys, 0)
+        generation = self.generation
+        out, missing = self._probe(generation, keys, valid)
+        hits = int(valid.sum()) - len(missing)
+        self.stats["keys"] += hits + len(missing)
+        self.stats["key_hits"] += hits
+        self.hit_ratio = 0.9 * self.hit_ratio + 0.1 * hits / max(hits + len(missing), 1)
+        self.degraded = False
+        if len(missing):
+            unique, inverse = np.unique(keys[missing], return_inverse=True)
+            rows = torch.zeros((len(unique), self.dim), dtype=torch.float32)  # default rows
+            if self.config.miss_policy == "defer" and self.hit_ratio >= self.config.async_threshold:
+                self._defer(generation, unique)
+                self.degraded = self.store_failed
+            else:
+                self.degraded = self._fetch(generation, unique, rows)
+            out[torch.from_numpy(missing)] = rows[torch.from_numpy(inverse.reshape(-1))]
+        if not all_valid:
+            out[torch.from_numpy(~valid)] = 0.0
         LOOKUP_SECONDS.observe(time.perf_counter() - started)
-        return out
+        return out.numpy().reshape(sparse.shape[0], len(self.names), self.dim)
+
+    def _probe(
+        self, generation: _Generation, keys: np.ndarray, valid: np.ndarray
+    ) -> tuple[torch.Tensor, np.ndarray]:
+        """Rows ``[len(keys), dim]`` as far as the tiers hold them, and the positions that
+        missed both tiers (to be filled). Host hits are promoted to the device tier. The hit
+        path is one gather per tier, in request order: no unique, no per-key Python."""
+        device, host = generation.device_tier, generation.host_tier
+        with self.lock:
+            slots, hit = device.probe(keys)
+            out = device.gather(np.where(hit, slots, 0)).cpu()  # misses get overwritten
+            rest = np.flatnonzero(~hit & valid)
+            host_hits = 0
+            if len(rest):
+                host_slots, host_hit = host.probe(keys[rest])
+                if host_hit.any():
+                    positions = rest[host_hit]
+                    rows = host.gather(host_slots[host_hit])
+                    out[torch.from_numpy(positions)] = rows
+                    promoted, first = np.unique(keys[positions], return_index=True)
+                    self._insert(device, promoted, rows[torch.from_numpy(first)])
+                    host_hits = len(positions)
+                rest = rest[~host_hit]
+        device_hits = int((hit & valid).sum())
+        self.stats["device_hits"] += device_hits
+        self.stats["host_hits"] += host_hits
+        LOOKUPS.labels(tier="device", result="hit").inc(device_hits)
+        LOOKUPS.labels(tier="host", result="hit").inc(host_hits)
+        LOOKUPS.labels(tier="host", result="miss").inc(len(rest))
+        return out, rest
+
+    def _fetch(self, generation: _Generation, keys: np.ndarray, rows: torch.Tensor) -> bool:
+        """Read the unique missed ``keys`` from Redis into ``rows`` and insert them; True when
+        the store failed (the rows stay default rows)."""
+        LOOKUPS.labels(tier="redis", result="fetch").inc(len(keys))
+        self.stats["fetched"] += len(keys)
+        try:
+            values, present = self._read(generation.version, keys)
+        except Exception:
+            self.store_failed = True
+            DEFAULTS.labels(reason="redis_unavailable").inc(len(keys))
+            return True
+        self.store_failed = False
+        if not present.all():
+            DEFAULTS.labels(reason="not_in_store").inc(int((~present).sum()))
+        rows.copy_(torch.from_numpy(values))
+        keys, stored = keys[present], rows[torch.from_numpy(present)]
+        if len(keys) == 0:
+            return False
+        if self.hit_ratio >= self.config.async_threshold and self._enqueue(
+            ("insert", generation, keys, stored)
+        ):
+            return False
+        self._insert_fetched(generation, keys, stored)
+        return False
+
+    def _defer(self, generation: _Generation, keys: np.ndarray) -> None:
+        """Answer ``keys`` with the default row now; fetch and insert them in the background."""
+        self.stats["deferred"] += len(keys)
+        DEFAULTS.labels(reason="deferred").inc(len(keys))
+        keys = keys[~generation.in_flight[keys]]
+        if len(keys) and self._enqueue(("fetch", generation, keys, None)):
+            generation.in_flight[keys] = True
+
+    def _read(self, version: int, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(rows, present)`` of sorted global ``keys``, in one MGET (raises on Redis errors)."""
+        bounds = np.searchsorted(keys, self.offsets)  # keys are sorted, so tables are contiguous
+        ends = np.append(bounds[1:], len(keys))
+        wanted = [
+            (name, keys[start:end] - offset)
+            for name, start, end, offset in zip(self.names, bounds, ends, self.offsets, strict=True)
+            if end > start
+        ]
+        parts = self.backing.fetch_many(version, wanted, self.dim)
+        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+    # -- inserts and the background thread ----------------------------------------------------
+
+    def _insert(self, tier: CacheTier, keys: np.ndarray, rows: torch.Tensor) -> None:
+        absent = tier.slot_of[keys] < 0
+        if not absent.any():
+            return
+        before = tier.evictions
+        tier.insert(keys[absent], rows[torch.from_numpy(absent)])
+        EVICTIONS.labels(tier=tier.name).inc(tier.evictions - before)
+
+    def _insert_fetched(
+        self, generation: _Generation, keys: np.ndarray, rows: torch.Tensor
+    ) -> None:
+        with self.lock:
+            if generation is not self.generation:
+                return  # fetched for a version no longer served
+            self._insert(generation.host_tier, keys, rows)
+            self._insert(generation.device_tier, keys, rows)
+
+    def _enqueue(self, item: tuple) -> bool:
+        try:
+            self._background.put_nowait(item)
+            return True
+        except queue.Full:
+            return False
+
+    def _background_loop(self) -> None:
+        while True:
+            item = self._background.get()
+            if item is None:
+                return
+            kind, generation, keys, rows = item
+            if kind == "marker":
+                generation.set()
+            elif kind == "insert":
+                self._insert_fetched(generation, keys, rows)
+            else:
+                self._fetch_deferred(generation, keys)
+
+    def _fetch_deferred(self, generation: _Generation, keys: np.ndarray) -> None:
+        LOOKUPS.labels(tier="redis", result="fetch").inc(len(keys))
+        try:
+            values, present = self._read(generation.version, keys)
+            self.store_failed = False
+        except Exception:
+            self.store_failed = True
+            generation.in_flight[keys] = False
+            return
+        if not present.all():
+            DEFAULTS.labels(reason="not_in_store").inc(int((~present).sum()))
+        self._insert_fetched(generation, keys[present], torch.from_numpy(values[present]))
+        generation.in_flight[keys] = False
 
     def flush(self) -> None:
-        """Wait until queued background inserts are applied (tests, benchmarks)."""
+        """Wait until queued background work is applied (tests, benchmarks)."""
         done = threading.Event()
-        self._inserts.put((_Marker(done), np.zeros(0, np.int64), torch.zeros(0)))
+        self._background.put(("marker", done, None, None))
         done.wait(timeout=30)
 
     def close(self) -> None:
-        self._inserts.put(None)
+        self._background.put(None)
         self._worker.join(timeout=5)
-
-
-class _Marker:
-    """A queue item whose 'insert' signals that everything before it was applied."""
-
-    def __init__(self, done: threading.Event) -> None:
-        self.done = done
-
-    def insert_fetched(self, keys: np.ndarray, rows: torch.Tensor) -> None:
-        self.done.set()

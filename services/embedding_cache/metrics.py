@@ -6,7 +6,7 @@ from prometheus_client import Counter, Histogram
 
 LOOKUPS = Counter(
     "cascade_embedding_cache_lookups_total",
-    "Unique keys per batch: hits per tier, and fetches from Redis.",
+    "Keys looked up: hits and misses per tier; unique keys fetched from Redis.",
     ["tier", "result"],
 )
 EVICTIONS = Counter("cascade_embedding_cache_evictions_total", "Rows evicted, per tier.", ["tier"])

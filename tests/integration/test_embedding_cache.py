@@ -73,9 +73,9 @@ def test_cached_rows_equal_direct_lookups_across_evictions(
         ids = _batch(rng, 500)
         np.testing.assert_array_equal(cache.lookup(ids), _expected(weights, ids))
     cache.flush()
-    user = cache.caches[0]
-    assert user.device_tier.evictions > 0 and user.host_tier.evictions > 0
-    assert user.device_tier.size <= 30 and user.host_tier.size <= 120
+    assert cache.device_tier.evictions > 0 and cache.host_tier.evictions > 0
+    assert cache.device_tier.size <= 30 and cache.host_tier.size <= 120
+    assert cache.stats["key_hits"] > 0 and cache.stats["fetched"] > 0
     cache.close()
 
 
@@ -123,8 +123,6 @@ def test_redis_down_serves_hits_and_defaults_and_flags_degraded(backing: RedisRo
     warm = np.array([[1, 1], [2, 2]])
     cache.lookup(warm)
     cache.backing = RedisRows("redis://127.0.0.1:1/0", timeout_s=0.05)  # nothing listens there
-    for table in cache.caches:
-        table.backing = cache.backing
     rows = cache.lookup(np.array([[1, 1], [3, 3]]))
     np.testing.assert_array_equal(rows[0], _expected(weights, warm)[0])  # hit still served
     assert not rows[1, 0].any() and cache.degraded  # miss -> default row, flagged

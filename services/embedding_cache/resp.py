@@ -1,0 +1,89 @@
+"""A minimal Redis connection for the cache's miss reads: one socket, hiredis parsing.
+
+A cache miss costs one MGET on the request path, so client overhead counts: redis-py spends
+about 0.25 ms of Python per call on top of the round trip (connection pool, per-argument
+encoding, response callbacks); this sends the packed command and parses the reply in C.
+Only ``redis://`` URLs (host, port, optional password and db); anything else (TLS, unix
+sockets) keeps using redis-py. Not thread-safe: one connection per thread.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+from urllib.parse import urlparse
+
+import hiredis
+
+RECV_BYTES = 1 << 20
+
+
+class RespConnection:
+    """Blocking request/reply over one TCP socket; any socket error closes it (next call
+    reconnects) and is raised as ``ConnectionError``."""
+
+    def __init__(self, url: str, timeout_s: float) -> None:
+        parsed = urlparse(url)
+        if parsed.scheme != "redis":
+            raise ValueError(f"RespConnection speaks plain redis:// only, got {url!r}")
+        self.host = parsed.hostname or "127.0.0.1"
+        self.port = parsed.port or 6379
+        self.password = parsed.password
+        self.username = parsed.username or None
+        self.db = int(parsed.path.lstrip("/") or 0)
+        self.timeout_s = timeout_s
+        self._socket: socket.socket | None = None
+        self._reader = hiredis.Reader()
+
+    @staticmethod
+    def supports(url: str) -> bool:
+        return urlparse(url).scheme == "redis"
+
+    def _connect(self) -> socket.socket:
+        sock = socket.create_connection((self.host, self.port), timeout=self.timeout_s)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._socket, self._reader = sock, hiredis.Reader()
+        if self.password:
+            auth = (
+                ("AUTH", self.username, self.password) if self.username else ("AUTH", self.password)
+            )
+            self._exchange(hiredis.pack_command(auth))
+        if self.db:
+            self._exchange(hiredis.pack_command(("SELECT", self.db)))
+        return sock
+
+    def _exchange(self, packed: bytes) -> Any:
+        sock = self._socket
+        assert sock is not None
+        sock.sendall(packed)
+        while True:
+            reply = self._reader.gets()
+            if reply is not False:
+                break
+            chunk = sock.recv(RECV_BYTES)
+            if not chunk:
+                raise ConnectionError(f"redis {self.host}:{self.port} closed the connection")
+            self._reader.feed(chunk)
+        if isinstance(reply, hiredis.ReplyError):
+            raise reply
+        return reply
+
+    def execute(self, *args: Any) -> Any:
+        """Send one command and return its reply."""
+        try:
+            if self._socket is None:
+                self._connect()
+            return self._exchange(hiredis.pack_command(args))
+        except OSError as error:  # timeouts included
+            self.close()
+            raise ConnectionError(f"redis {self.host}:{self.port}: {error}") from error
+        except hiredis.ReplyError:
+            raise
+        except Exception:
+            self.close()  # a half-read reply must not be parsed as the next one
+            raise
+
+    def close(self) -> None:
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
