@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import threading
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -108,7 +109,7 @@ class RedisRows:
         wanted: list[tuple[str, np.ndarray]], rows: np.ndarray, found: np.ndarray
     ) -> list[tuple[np.ndarray, np.ndarray]]:
         bounds = np.cumsum([0] + [len(keys) for _, keys in wanted])
-        return [(rows[a:b], found[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+        return [(rows[a:b], found[a:b]) for a, b in pairwise(bounds)]
 
     def close(self) -> None:
         for connection in self._connections:
