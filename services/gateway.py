@@ -46,7 +46,7 @@ def make_backend(settings: Settings) -> InferenceBackend:
         from services.inference.triton import TritonBackend
 
         return TritonBackend(settings.triton.url, settings.triton.protocol)
-    return LocalBackend(settings.artifacts / "model_repository")
+    return LocalBackend(settings.artifacts / "model_repository", settings)
 
 
 class Gateway:

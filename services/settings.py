@@ -40,19 +40,31 @@ class TritonSettings(BaseModel):
 
 
 class EmbeddingCacheSettings(BaseModel):
-    """DLRM embedding rows: in memory (no URL) or device -> host -> Redis cache."""
+    """DLRM embedding rows: the device -> host -> Redis cache whenever a Redis is configured
+    (rows written by ``cascade materialize``), else whole tables in memory."""
 
+    enabled: bool = Field(True, description="false = whole tables in memory even with Redis.")
     redis_url: str | None = Field(
-        None, description="Backing Redis of the cache; unset = whole tables in memory."
+        None, description="Backing Redis of the cache; unset = the online store's redis.url."
     )
     namespace: str = Field("cascade", description="Key prefix of the embedding rows.")
     device_capacity: float = Field(
-        0.05, gt=0, description="Rows (> 1) or fraction of a table (<= 1)."
+        0.05, gt=0, description="Rows (> 1) or fraction of all tables' rows (<= 1)."
     )
-    host_capacity: float = Field(0.2, gt=0, description="Rows (> 1) or fraction of a table (<= 1).")
+    host_capacity: float = Field(
+        0.2, gt=0, description="Rows (> 1) or fraction of all tables' rows (<= 1)."
+    )
     policy: Literal["lru", "lfu"] = Field("lru", description="Eviction policy of both tiers.")
     async_threshold: float = Field(
-        0.9, ge=0, le=1, description="Hit ratio above which inserts are async."
+        0.9,
+        ge=0,
+        le=1,
+        description="Hit ratio above which inserts (and deferred misses) are async.",
+    )
+    miss_policy: Literal["fetch", "defer"] = Field(
+        "fetch",
+        description="fetch = misses read from Redis on the request path (exact); defer = above "
+        "async_threshold, misses get the default row now and are read in the background.",
     )
     timeout_ms: float = Field(50.0, gt=0, description="Redis socket timeout of a miss fetch.")
 

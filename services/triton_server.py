@@ -66,8 +66,10 @@ class TritonServer:
         grpc_port: int = 8001,
         metrics_port: int = 8002,
         log_file: Path | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.model_repository = model_repository
+        self.env = env or {}  # on top of this process's environment (CASCADE_* for the models)
         self.models = list(models)
         self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
         self.log_file = log_file
@@ -94,7 +96,7 @@ class TritonServer:
         ]
 
     def environment(self) -> dict[str, str]:
-        env = dict(os.environ)
+        env = {**os.environ, **self.env}
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
         libdir = sysconfig.get_config_var("LIBDIR") or ""
         env["LD_LIBRARY_PATH"] = os.pathsep.join(

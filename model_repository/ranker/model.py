@@ -36,3 +36,6 @@ class TritonPythonModel:
             except Exception as error:
                 responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(error))))
         return responses
+
+    def finalize(self):
+        self.model.close()

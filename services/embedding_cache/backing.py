@@ -21,6 +21,7 @@ import redis
 from services.embedding_cache.resp import RespConnection
 
 WRITE_CHUNK = 20_000
+CLIENT_NAME = "cascade-embedding-cache"  # of the read connections, in CLIENT LIST
 
 
 class RedisRows:
@@ -90,7 +91,9 @@ class RedisRows:
             return self.client.mget(names)
         connection = getattr(self._local, "connection", None)
         if connection is None:
-            connection = self._local.connection = RespConnection(self.url, self.timeout_s)
+            connection = self._local.connection = RespConnection(
+                self.url, self.timeout_s, CLIENT_NAME
+            )
             self._connections.append(connection)
         return connection.execute("MGET", *names)
 

@@ -310,5 +310,12 @@ class HierarchicalEmbeddingCache(EmbeddingLookup):
         done.wait(timeout=30)
 
     def close(self) -> None:
+        """Stop the background thread (queued work is dropped) and close the connections."""
+        while True:
+            try:
+                self._background.get_nowait()
+            except queue.Empty:
+                break
         self._background.put(None)
         self._worker.join(timeout=5)
+        self.backing.close()

@@ -18,11 +18,16 @@ import hiredis
 RECV_BYTES = 1 << 20
 
 
+def _pack(args: tuple[Any, ...]) -> bytes:
+    """One command in RESP."""
+    return hiredis.pack_command(args)
+
+
 class RespConnection:
     """Blocking request/reply over one TCP socket; any socket error closes it (next call
     reconnects) and is raised as ``ConnectionError``."""
 
-    def __init__(self, url: str, timeout_s: float) -> None:
+    def __init__(self, url: str, timeout_s: float, name: str | None = None) -> None:
         parsed = urlparse(url)
         if parsed.scheme != "redis":
             raise ValueError(f"RespConnection speaks plain redis:// only, got {url!r}")
@@ -32,6 +37,7 @@ class RespConnection:
         self.username = parsed.username or None
         self.db = int(parsed.path.lstrip("/") or 0)
         self.timeout_s = timeout_s
+        self.name = name  # CLIENT SETNAME: shows in CLIENT LIST
         self._socket: socket.socket | None = None
         self._reader = hiredis.Reader()
 
@@ -47,9 +53,11 @@ class RespConnection:
             auth = (
                 ("AUTH", self.username, self.password) if self.username else ("AUTH", self.password)
             )
-            self._exchange(hiredis.pack_command(auth))
+            self._exchange(_pack(auth))
         if self.db:
-            self._exchange(hiredis.pack_command(("SELECT", self.db)))
+            self._exchange(_pack(("SELECT", self.db)))
+        if self.name:
+            self._exchange(_pack(("CLIENT", "SETNAME", self.name)))
         return sock
 
     def _exchange(self, packed: bytes) -> Any:
@@ -73,7 +81,7 @@ class RespConnection:
         try:
             if self._socket is None:
                 self._connect()
-            return self._exchange(hiredis.pack_command(args))
+            return self._exchange(_pack(args))
         except OSError as error:  # timeouts included
             self.close()
             raise ConnectionError(f"redis {self.host}:{self.port}: {error}") from error

@@ -9,10 +9,14 @@ from __future__ import annotations
 import asyncio
 from abc import ABC, abstractmethod
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from services.inference.models import QueryTowerModel, RankingModel
+
+if TYPE_CHECKING:
+    from services.settings import Settings
 
 QUERY_TOWER = "query_tower"
 RANKER = "ranker"
@@ -43,20 +47,25 @@ class InferenceBackend(ABC):
 class LocalBackend(InferenceBackend):
     """The exported ONNX/LightGBM artifacts in process (in worker threads: they release the GIL)."""
 
-    def __init__(self, model_repository: Path) -> None:
+    def __init__(self, model_repository: Path, settings: Settings | None = None) -> None:
         self.model_repository = model_repository
+        self.settings = settings  # the ranker's embedding rows follow it (None: environment)
         self.query: dict[int, QueryTowerModel] = {}
         self.ranker: dict[int, RankingModel] = {}
 
     async def start(self, versions: list[int]) -> None:
         for version in versions:
             query = QueryTowerModel(self.model_repository / QUERY_TOWER / str(version))
-            ranker = RankingModel(self.model_repository / RANKER / str(version))
+            ranker = RankingModel(
+                self.model_repository / RANKER / str(version), settings=self.settings
+            )
             await asyncio.to_thread(query.load)
             await asyncio.to_thread(ranker.load)
             self.query[version], self.ranker[version] = query, ranker
 
     async def close(self) -> None:
+        for ranker in self.ranker.values():
+            ranker.close()
         self.query.clear()
         self.ranker.clear()
 

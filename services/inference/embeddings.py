@@ -22,7 +22,11 @@ class EmbeddingLookup(ABC):
 
     @abstractmethod
     def lookup(self, sparse: np.ndarray) -> np.ndarray:
-        """``sparse [N, T]`` int64 ids -> ``[N, T, D]`` float32 rows (ids out of range: row 0)."""
+        """``sparse [N, T]`` int64 ids -> ``[N, T, D]`` float32 rows; an id out of its
+        table's range gets the all-zero default row."""
+
+    def close(self) -> None:  # noqa: B027 - a no-op unless the lookup holds connections
+        """Release connections and threads."""
 
 
 class InMemoryTables(EmbeddingLookup):
@@ -51,6 +55,7 @@ class InMemoryTables(EmbeddingLookup):
         out = np.empty((sparse.shape[0], len(self.tables), self.dim), dtype=np.float32)
         for j, table in enumerate(self.tables):
             ids = sparse[:, j]
-            ids = np.where((ids >= 0) & (ids < len(table)), ids, 0)
-            np.take(table, ids, axis=0, out=out[:, j])
+            valid = (ids >= 0) & (ids < len(table))
+            np.take(table, np.where(valid, ids, 0), axis=0, out=out[:, j])
+            out[~valid, j] = 0.0
         return out

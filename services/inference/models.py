@@ -4,7 +4,9 @@ by the thin Triton python-backend ``model.py`` files."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnxruntime as ort
@@ -12,6 +14,11 @@ import onnxruntime as ort
 from pipelines.errors import ArtifactError
 from pipelines.models.gbm import TreeRanker, tree_features
 from services.inference.embeddings import EmbeddingLookup, InMemoryTables
+
+if TYPE_CHECKING:
+    from services.settings import Settings
+
+log = logging.getLogger(__name__)
 
 
 def _session(path: Path, threads: int = 1) -> ort.InferenceSession:
@@ -42,31 +49,60 @@ class QueryTowerModel:
         return self.session.run(None, feeds)[0]
 
 
-def embeddings_for(directory: Path) -> EmbeddingLookup:
-    """The ranker's embedding rows as configured: the hierarchical cache when
-    ``CASCADE_EMBEDDING_CACHE__REDIS_URL`` is set, else the whole tables in memory. (Opt-in
-    for now: inside Triton's python backend the cache costs ~3 ms per ranker call, see
-    bench/serving.py --embedding-cache.)"""
+def embeddings_for(directory: Path, settings: Settings | None = None) -> EmbeddingLookup:
+    """The ranker's embedding rows: the hierarchical cache when a Redis is configured (and
+    the cache is enabled), else the whole tables in memory.
+
+    Raises ``ArtifactError`` when Redis answers but does not hold every row of this model
+    version (run ``cascade materialize``). When Redis does not answer, the cache is still
+    built: it serves default rows, flagged degraded, until Redis is back.
+    """
     from services.settings import Settings
 
-    settings = Settings().embedding_cache
-    url = settings.redis_url
-    if not url:
+    settings = settings or Settings()
+    config = settings.embedding_cache
+    url = config.redis_url or settings.redis.url
+    if not config.enabled or not url:
         return InMemoryTables.load(directory / "embeddings")
+    import redis
+
     from services.embedding_cache.backing import RedisRows
     from services.embedding_cache.cache import CacheConfig, HierarchicalEmbeddingCache
 
-    spec = json.loads((directory / "embeddings" / "tables.json").read_text())
+    spec_path = directory / "embeddings" / "tables.json"
+    if not spec_path.is_file():
+        raise ArtifactError(f"{spec_path} is missing")
+    spec = json.loads(spec_path.read_text())
+    tables = {c: int(spec["rows"][c]) for c in spec["columns"]}
+    version = int(directory.name)
+    backing = RedisRows(url, config.namespace, config.timeout_ms / 1000)
+    try:
+        stored = backing.stored_tables(version)
+    except redis.RedisError as error:
+        log.warning(
+            "cannot check the embedding rows of model version %d in %s (%s); serving through "
+            "the cache, degraded until Redis answers",
+            version,
+            url,
+            error,
+        )
+    else:
+        if stored != {"tables": tables, "dim": int(spec["dim"])}:
+            raise ArtifactError(
+                f"Redis at {url} (namespace {config.namespace!r}) does not hold the embedding "
+                f"rows of model version {version}: run `cascade materialize`"
+            )
     return HierarchicalEmbeddingCache(
-        RedisRows(url, settings.namespace, settings.timeout_ms / 1000),
-        version=int(directory.name),
-        tables={c: int(spec["rows"][c]) for c in spec["columns"]},
+        backing,
+        version=version,
+        tables=tables,
         dim=int(spec["dim"]),
         config=CacheConfig(
-            settings.device_capacity,
-            settings.host_capacity,
-            settings.policy,
-            settings.async_threshold,
+            config.device_capacity,
+            config.host_capacity,
+            config.policy,
+            config.async_threshold,
+            config.miss_policy,
         ),
     )
 
@@ -74,9 +110,15 @@ def embeddings_for(directory: Path) -> EmbeddingLookup:
 class RankingModel:
     """DLRM (embedding lookup + ONNX dense part) and LightGBM, blended on the logit scale."""
 
-    def __init__(self, directory: Path, embeddings: EmbeddingLookup | None = None) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        embeddings: EmbeddingLookup | None = None,
+        settings: Settings | None = None,
+    ) -> None:
         self.directory = directory
         self.embeddings = embeddings
+        self.settings = settings  # None: read from the environment (the Triton stub)
         self.session: ort.InferenceSession | None = None
         self.tree: TreeRanker | None = None
         self.dlrm_weight = 0.5
@@ -89,7 +131,11 @@ class RankingModel:
         self.session = _session(self.directory / "dlrm_dense.onnx")
         self.tree = TreeRanker.load(self.directory / "gbm.txt")
         if self.embeddings is None:
-            self.embeddings = embeddings_for(self.directory)
+            self.embeddings = embeddings_for(self.directory, self.settings)
+
+    def close(self) -> None:
+        if self.embeddings is not None:
+            self.embeddings.close()
 
     def score(self, sparse: np.ndarray, dense: np.ndarray) -> tuple[np.ndarray, bool]:
         """``sparse [N, T]`` int64, ``dense [N, D]`` float32 -> blended logits ``[N]`` float32,

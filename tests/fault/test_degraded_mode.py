@@ -14,10 +14,11 @@ import pytest
 
 from pipelines.errors import ArtifactError
 from services.api.app import create_app
+from services.embedding_cache.backing import RedisRows
 from services.gateway import Gateway
 from services.inference.triton import TritonBackend
 from services.local_redis import free_port, start_redis_server
-from services.materialize import user_records
+from services.materialize import materialize_embeddings, user_records
 from services.settings import BreakerSettings, RedisSettings, Settings, TritonSettings
 from services.stores.memory import InMemoryStore
 from services.stores.redis import RedisStore
@@ -67,10 +68,13 @@ async def test_redis_unreachable_gives_degraded_cold_start_answers(exported: Pat
         response = await http.post("/v1/recommend", json={"user_id": 3, "k": 10})
         assert response.status_code == 200
         body = response.json()
-        assert body["degraded"] and body["reasons"] == ["features:error"]
+        # no features, and the ranker's embedding cache has no store behind its misses
+        assert body["degraded"]
+        assert body["reasons"] == ["features:error", "scoring:embeddings_unavailable"]
         _check_answer(body, 10, set())
         metrics = (await http.get("/metrics")).text
         assert 'cascade_fallback_total{reason="error",stage="features"}' in metrics
+        assert 'cascade_embedding_cache_default_rows_total{reason="redis_unavailable"}' in metrics
         assert (await http.get("/health/ready")).status_code == 200  # an answer is still possible
         feedback = await http.post(
             "/v1/feedback", json={"events": [{"user_id": 3, "item_id": 1, "type": "click"}]}
@@ -88,6 +92,9 @@ async def test_redis_stopped_mid_flight_then_breaker_opens(
             url=url, timeout_ms=50, breaker=BreakerSettings(failures=2, reset_s=60)
         ),
     )
+    rows = RedisRows(url, settings.embedding_cache.namespace, timeout_s=5.0)
+    materialize_embeddings(rows, exported / "model_repository", 1)  # before the ranker loads
+    rows.close()
     gateway = Gateway(settings)
     async for http in _client(gateway):
         await gateway.store.write_users(user_records(exported / "releases" / "1"))
@@ -101,7 +108,9 @@ async def test_redis_stopped_mid_flight_then_breaker_opens(
             body = (await http.post("/v1/recommend", json={"user_id": 3, "k": 10})).json()
             _check_answer(body, 10, set())
             reasons.append(body["reasons"])
-        assert reasons[0] == ["features:error"] and reasons[-1] == ["features:circuit_open"]
+        # the ranker's cache lost its store too: misses get default rows, flagged
+        assert reasons[0][0] == "features:error" and reasons[-1][0] == "features:circuit_open"
+        assert all(r[1:] in ([], ["scoring:embeddings_unavailable"]) for r in reasons)
         assert gateway.redis_breaker.state == "open"
         assert seen  # the healthy answer above was checked against a real seen set
         _check_answer(healthy, 10, seen)

@@ -155,8 +155,91 @@ def test_ranker_scores_through_the_cache_equal_in_memory_tables(
     rng = np.random.default_rng(0)
     tables = plain.embeddings.tables  # type: ignore[union-attr]
     sparse = np.stack([rng.integers(0, len(t), 300) for t in tables], axis=1)
+    sparse[:5] = -1  # out of range: the default row on both paths
+    sparse[5:10] = 10**9
     dense = rng.normal(size=(300, 26)).astype(np.float32)
     for _ in range(3):  # cold, then warm
         scores, degraded = cached.score(sparse, dense)
         np.testing.assert_allclose(scores, plain.score(sparse, dense)[0], rtol=1e-6)
         assert not degraded
+
+
+def test_deferred_misses_get_default_rows_then_the_stored_rows(backing: RedisRows) -> None:
+    weights = _weights(0)
+    _write(backing, 1, weights)
+    config = CacheConfig(500, 1000, async_threshold=0.0, miss_policy="defer")  # always defer
+    cache = HierarchicalEmbeddingCache(backing, 1, TABLES, DIM, config)
+    ids = _batch(np.random.default_rng(3), 400)
+    first = cache.lookup(ids)
+    assert not first.any() and not cache.degraded  # every row deferred: the default row
+    stored = [
+        np.unique(ids[(ids[:, j] >= 0) & (ids[:, j] < n), j]) for j, n in enumerate(TABLES.values())
+    ]
+    assert cache.stats["deferred"] == sum(len(keys) for keys in stored)
+    cache.flush()  # the background fetch has landed
+    np.testing.assert_array_equal(cache.lookup(ids), _expected(weights, ids))
+    rng = np.random.default_rng(4)
+    for _ in range(10):  # a deferred row is the default row, any other row is exact
+        ids = _batch(rng, 300)
+        got, want = cache.lookup(ids), _expected(weights, ids)
+        exact = (got == want).all(axis=2)
+        assert (exact | ~got.any(axis=2)).all()
+    cache.close()
+
+
+def test_deferred_work_of_an_old_version_is_never_served(backing: RedisRows) -> None:
+    old, new = _weights(0), _weights(1)
+    _write(backing, 1, old)
+    _write(backing, 2, new)
+    config = CacheConfig(500, 1000, async_threshold=0.0, miss_policy="defer")
+    cache = HierarchicalEmbeddingCache(backing, 1, TABLES, DIM, config)
+    ids = _batch(np.random.default_rng(5), 300)
+    cache.lookup(ids)  # queues background fetches of version 1 ...
+    cache.switch_version(2)  # ... that land after the switch
+    cache.flush()
+    for _ in range(2):
+        got, want = cache.lookup(ids), _expected(new, ids)
+        assert ((got == want).all(axis=2) | ~got.any(axis=2)).all()  # v2 rows or defaults
+        cache.flush()
+    np.testing.assert_array_equal(cache.lookup(ids), _expected(new, ids))
+    cache.close()
+
+
+def test_a_failed_deferred_fetch_flags_the_next_deferred_answer_degraded(
+    backing: RedisRows,
+) -> None:
+    _write(backing, 1, _weights(0))
+    config = CacheConfig(500, 1000, async_threshold=0.0, miss_policy="defer")
+    cache = HierarchicalEmbeddingCache(backing, 1, TABLES, DIM, config)
+    cache.backing = RedisRows("redis://127.0.0.1:1/0", timeout_s=0.05)  # nothing listens there
+    cache.lookup(np.array([[1, 1]]))
+    cache.flush()  # the background fetch failed
+    assert not cache.lookup(np.array([[2, 2]])).any() and cache.degraded
+    cache.flush()
+    assert not cache.generation.in_flight.any()  # failed keys are asked for again later
+    cache.close()
+
+
+def test_the_serving_path_refuses_a_version_redis_does_not_hold(
+    exported: Path, backing: RedisRows
+) -> None:
+    from pipelines.errors import ArtifactError
+    from services.inference.models import embeddings_for
+    from services.settings import EmbeddingCacheSettings, RedisSettings, Settings
+
+    directory = exported / "model_repository" / "ranker" / "1"
+    settings = Settings(
+        artifacts=exported,
+        redis=RedisSettings(url=backing.url),
+        embedding_cache=EmbeddingCacheSettings(namespace=backing.namespace),
+    )
+    with pytest.raises(ArtifactError, match="cascade materialize"):
+        embeddings_for(directory, settings)
+    down = settings.model_copy(update={"redis": RedisSettings(url="redis://127.0.0.1:1/0")})
+    cache = embeddings_for(directory, down)  # Redis down at start: built, degraded until back
+    assert isinstance(cache, HierarchicalEmbeddingCache)
+    cache.lookup(np.zeros((1, len(cache.names)), np.int64))
+    assert cache.degraded
+    cache.close()
+    off = settings.model_copy(update={"embedding_cache": EmbeddingCacheSettings(enabled=False)})
+    assert not isinstance(embeddings_for(directory, off), HierarchicalEmbeddingCache)

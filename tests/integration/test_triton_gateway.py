@@ -8,11 +8,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis
 
 from services.api.app import create_app
+from services.embedding_cache.backing import CLIENT_NAME, RedisRows
 from services.gateway import Gateway
 from services.local_redis import free_port
-from services.materialize import materialize
+from services.materialize import materialize, materialize_embeddings
 from services.settings import RedisSettings, Settings, TritonSettings
 from services.triton_server import TritonServer, TritonUnavailable, wheel_directory
 from tests.conftest import redis_url
@@ -52,7 +54,7 @@ class TritonPythonModel:
 '''
 
 
-def _start(repository: Path, log: Path) -> TritonServer:
+def _start(repository: Path, log: Path, env: dict[str, str] | None = None) -> TritonServer:
     try:
         wheel_directory()
     except TritonUnavailable as error:
@@ -63,6 +65,7 @@ def _start(repository: Path, log: Path) -> TritonServer:
         grpc_port=free_port(),
         metrics_port=free_port(),
         log_file=log,
+        env=env,
     )
     server.start(timeout_s=90)
     return server
@@ -70,7 +73,19 @@ def _start(repository: Path, log: Path) -> TritonServer:
 
 @pytest.fixture(scope="module")
 def triton(exported: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
-    server = _start(exported / "model_repository", tmp_path_factory.mktemp("triton") / "triton.log")
+    """Triton whose ranker reads its embedding rows through the hierarchical cache, backed
+    by the real Redis (the rows materialized first, as ``cascade materialize`` does)."""
+    url = redis_url(db=10)
+    if url is None:
+        pytest.skip("no Redis answers on 127.0.0.1:6379 (.ci/run starts one)")
+    rows = RedisRows(url, "cascade", timeout_s=5.0)
+    materialize_embeddings(rows, exported / "model_repository", 1)
+    rows.close()
+    server = _start(
+        exported / "model_repository",
+        tmp_path_factory.mktemp("triton") / "triton.log",
+        env={"CASCADE_REDIS__URL": url},
+    )
     yield server
     server.stop()
 
@@ -93,7 +108,7 @@ def _redis() -> RedisSettings:
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-async def test_triton_and_redis_answer_like_the_embedded_default(
+async def test_triton_with_the_embedding_cache_and_redis_answer_like_the_embedded_default(
     exported: Path, triton: TritonServer, protocol: str
 ) -> None:
     port = triton.http_port if protocol == "http" else triton.grpc_port
@@ -113,6 +128,12 @@ async def test_triton_and_redis_answer_like_the_embedded_default(
             (await http.post("/v1/recommend", json={"user_id": u, "k": 10})).json()
             for u in (3, 4, 5)
         ]
+    readers = [
+        c
+        for c in redis.Redis.from_url(real.redis.url or "").client_list()
+        if c["name"] == CLIENT_NAME
+    ]
+    assert readers and readers[0]["db"] == "10"  # the ranker in Triton read rows from Redis
     for a, b in zip(served, embedded, strict=True):
         assert not a["degraded"], a["reasons"]
         assert [i["item_id"] for i in a["items"]] == [i["item_id"] for i in b["items"]]
