@@ -3,8 +3,9 @@
 For each catalog (MovieLens-100K, and a synthetic catalog of 1M items) it trains and exports
 a release once (cached under bench/results/artifacts/), starts what is not running (a private
 redis-server, Triton from the nvidia-pytriton wheel, the gateway), loads the users and the
-DLRM embedding rows into Redis (with --embedding-cache the ranker reads them through the
-hierarchical cache instead of whole in-memory tables), then:
+DLRM embedding rows into Redis (the ranker in Triton reads them through the hierarchical
+cache, as it does whenever a Redis is configured; ``--embedding-rows memory`` keeps whole
+tables in memory instead), then:
 
 - concurrency 1: every stage runs alone; the server-reported per-stage p50s are summed, and
   the client-measured end-to-end p50 divided by that sum is the orchestration overhead
@@ -175,10 +176,6 @@ def run_catalog(name: str, args: argparse.Namespace) -> dict:
         from services.triton_server import TritonServer
 
         redis = start_redis(stack, work)
-        if args.embedding_cache:  # the ranker in Triton reads embedding rows through the cache
-            os.environ["CASCADE_EMBEDDING_CACHE__REDIS_URL"] = redis
-        else:
-            os.environ.pop("CASCADE_EMBEDDING_CACHE__REDIS_URL", None)
         subprocess.run(
             [
                 sys.executable,
@@ -200,6 +197,10 @@ def run_catalog(name: str, args: argparse.Namespace) -> dict:
             grpc_port=free_port(),
             metrics_port=free_port(),
             log_file=work / f"triton-{name}.log",
+            env={  # the ranker's embedding rows: through the cache on this Redis, or in memory
+                "CASCADE_REDIS__URL": redis,
+                "CASCADE_EMBEDDING_CACHE__ENABLED": str(args.embedding_rows == "cache"),
+            },
         )
         triton.start(timeout_s=120)
         port = free_port()
@@ -248,7 +249,7 @@ def run_catalog(name: str, args: argparse.Namespace) -> dict:
             "items": int(np.load(sorted((root / "releases").glob("*/item_ids.npy"))[-1]).shape[0]),
             "concurrency": args.concurrency,
             "triton_protocol": args.protocol,
-            "embedding_cache": args.embedding_cache,
+            "embedding_rows": args.embedding_rows,
             "k": args.k,
             "candidates": 300,
             **{k: loaded[k] for k in ("p50_ms", "p99_ms", "rps", "errors", "degraded")},
@@ -283,9 +284,10 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=20)
     parser.add_argument("--workers", type=int, default=1, help="gateway (uvicorn) processes")
     parser.add_argument(
-        "--embedding-cache",
-        action="store_true",
-        help="DLRM rows through the device/host/Redis cache (default: in memory)",
+        "--embedding-rows",
+        choices=["cache", "memory"],
+        default="cache",
+        help="the ranker's DLRM rows: device/host/Redis cache (default) or whole tables in memory",
     )
     parser.add_argument("--protocol", choices=["http", "grpc"], default="grpc", help="to Triton")
     args = parser.parse_args()

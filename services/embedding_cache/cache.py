@@ -41,6 +41,7 @@ from services.inference.embeddings import EmbeddingLookup
 
 MissPolicy = Literal["fetch", "defer"]
 MAX_QUEUED = 256  # background items beyond this are dropped (deferred keys are asked again)
+MERGE_ITEMS = 16  # deferred fetches queued together are read in one MGET
 
 
 @dataclass(frozen=True)
@@ -277,17 +278,33 @@ class HierarchicalEmbeddingCache(EmbeddingLookup):
             return False
 
     def _background_loop(self) -> None:
+        """Apply queued work in order; deferred fetches waiting together share one MGET."""
         while True:
-            item = self._background.get()
-            if item is None:
-                return
-            kind, generation, keys, rows = item
-            if kind == "marker":
-                generation.set()
-            elif kind == "insert":
-                self._insert_fetched(generation, keys, rows)
-            else:
-                self._fetch_deferred(generation, keys)
+            items = [self._background.get()]
+            while len(items) < MERGE_ITEMS:
+                try:
+                    items.append(self._background.get_nowait())
+                except queue.Empty:
+                    break
+            fetches: dict[_Generation, list[np.ndarray]] = {}
+            for item in items:
+                if item is not None and item[0] == "fetch":
+                    fetches.setdefault(item[1], []).append(item[2])
+                    continue
+                self._fetch_merged(fetches)  # what came before runs first
+                fetches = {}
+                if item is None:
+                    return
+                kind, generation, keys, rows = item
+                if kind == "marker":
+                    generation.set()
+                else:
+                    self._insert_fetched(generation, keys, rows)
+            self._fetch_merged(fetches)
+
+    def _fetch_merged(self, fetches: dict[_Generation, list[np.ndarray]]) -> None:
+        for generation, parts in fetches.items():
+            self._fetch_deferred(generation, np.unique(np.concatenate(parts)))
 
     def _fetch_deferred(self, generation: _Generation, keys: np.ndarray) -> None:
         LOOKUPS.labels(tier="redis", result="fetch").inc(len(keys))
