@@ -122,6 +122,7 @@ def test_redis_down_serves_hits_and_defaults_and_flags_degraded(backing: RedisRo
     cache = HierarchicalEmbeddingCache(backing, 1, TABLES, DIM, CacheConfig(100, 200))
     warm = np.array([[1, 1], [2, 2]])
     cache.lookup(warm)
+    cache.backing.close()
     cache.backing = RedisRows("redis://127.0.0.1:1/0", timeout_s=0.05)  # nothing listens there
     rows = cache.lookup(np.array([[1, 1], [3, 3]]))
     np.testing.assert_array_equal(rows[0], _expected(weights, warm)[0])  # hit still served
@@ -162,6 +163,7 @@ def test_ranker_scores_through_the_cache_equal_in_memory_tables(
         scores, degraded = cached.score(sparse, dense)
         np.testing.assert_allclose(scores, plain.score(sparse, dense)[0], rtol=1e-6)
         assert not degraded
+    cached.close()
 
 
 def test_deferred_misses_get_default_rows_then_the_stored_rows(backing: RedisRows) -> None:
@@ -211,6 +213,7 @@ def test_a_failed_deferred_fetch_flags_the_next_deferred_answer_degraded(
     _write(backing, 1, _weights(0))
     config = CacheConfig(500, 1000, async_threshold=0.0, miss_policy="defer")
     cache = HierarchicalEmbeddingCache(backing, 1, TABLES, DIM, config)
+    cache.backing.close()
     cache.backing = RedisRows("redis://127.0.0.1:1/0", timeout_s=0.05)  # nothing listens there
     cache.lookup(np.array([[1, 1]]))
     cache.flush()  # the background fetch failed

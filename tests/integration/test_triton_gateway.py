@@ -133,7 +133,7 @@ async def test_triton_with_the_embedding_cache_and_redis_answer_like_the_embedde
         for c in redis.Redis.from_url(real.redis.url or "").client_list()
         if c["name"] == CLIENT_NAME
     ]
-    assert readers and readers[0]["db"] == "10"  # the ranker in Triton read rows from Redis
+    assert any(c["db"] == "10" for c in readers)  # the ranker in Triton read rows from Redis
     for a, b in zip(served, embedded, strict=True):
         assert not a["degraded"], a["reasons"]
         assert [i["item_id"] for i in a["items"]] == [i["item_id"] for i in b["items"]]
