@@ -205,6 +205,8 @@ def _run_serve(args: argparse.Namespace) -> int:
     from services.triton_server import TritonServer
 
     settings = _settings(args)
+    if args.materialize:  # first: the ranker (in Triton or in process) loads rows from Redis
+        _run_materialize(argparse.Namespace(artifacts=args.artifacts, version=None, redis_url=None))
     server = None
     if args.triton:
         server = TritonServer(
@@ -218,10 +220,6 @@ def _run_serve(args: argparse.Namespace) -> int:
         server.start()
         os.environ["CASCADE_TRITON__URL"] = server.http_url
     try:
-        if args.materialize:
-            _run_materialize(
-                argparse.Namespace(artifacts=args.artifacts, version=None, redis_url=None)
-            )
         if args.artifacts is not None:
             os.environ["CASCADE_ARTIFACTS"] = str(args.artifacts)
         uvicorn.run(
