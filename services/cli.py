@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import typing
 from pathlib import Path
@@ -197,6 +198,10 @@ def _run_materialize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def _run_serve(args: argparse.Namespace) -> int:
     import os
 
@@ -205,6 +210,9 @@ def _run_serve(args: argparse.Namespace) -> int:
     from services.triton_server import TritonServer
 
     settings = _settings(args)
+    # uvicorn re-raises SIGTERM after its graceful shutdown; as SystemExit it runs the
+    # `finally` below, so the Triton server this command started is stopped too
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     if args.materialize:  # first: the ranker (in Triton or in process) loads rows from Redis
         _run_materialize(argparse.Namespace(artifacts=args.artifacts, version=None, redis_url=None))
     server = None
