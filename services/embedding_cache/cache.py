@@ -98,7 +98,6 @@ class HierarchicalEmbeddingCache(EmbeddingLookup):
         if not tables:
             raise ValueError("the embedding cache needs at least one table")
         self.backing = backing
-        self.tables = tables
         self.names = list(tables)
         self.sizes = np.array(list(tables.values()), dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
@@ -209,17 +208,12 @@ class HierarchicalEmbeddingCache(EmbeddingLookup):
     def _fetch(self, generation: _Generation, keys: np.ndarray, rows: torch.Tensor) -> bool:
         """Read the unique missed ``keys`` from Redis into ``rows`` and insert them; True when
         the store failed (the rows stay default rows)."""
-        LOOKUPS.labels(tier="redis", result="fetch").inc(len(keys))
         self.stats["fetched"] += len(keys)
-        try:
-            values, present = self._read(generation.version, keys)
-        except Exception:
-            self.store_failed = True
+        read = self._read_misses(generation, keys)
+        if read is None:
             DEFAULTS.labels(reason="redis_unavailable").inc(len(keys))
             return True
-        self.store_failed = False
-        if not present.all():
-            DEFAULTS.labels(reason="not_in_store").inc(int((~present).sum()))
+        values, present = read
         rows.copy_(torch.from_numpy(values))
         keys, stored = keys[present], rows[torch.from_numpy(present)]
         if len(keys) == 0:
@@ -238,6 +232,22 @@ class HierarchicalEmbeddingCache(EmbeddingLookup):
         keys = keys[~generation.in_flight[keys]]
         if len(keys) and self._enqueue(("fetch", generation, keys, None)):
             generation.in_flight[keys] = True
+
+    def _read_misses(
+        self, generation: _Generation, keys: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """``_read`` for either thread: counts the fetch and the keys never stored, records
+        whether the store answered; None when it failed."""
+        LOOKUPS.labels(tier="redis", result="fetch").inc(len(keys))
+        try:
+            values, present = self._read(generation.version, keys)
+        except Exception:
+            self.store_failed = True
+            return None
+        self.store_failed = False
+        if not present.all():
+            DEFAULTS.labels(reason="not_in_store").inc(int((~present).sum()))
+        return values, present
 
     def _read(self, version: int, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(rows, present)`` of sorted global ``keys``, in one MGET (raises on Redis errors)."""
@@ -307,18 +317,11 @@ class HierarchicalEmbeddingCache(EmbeddingLookup):
             self._fetch_deferred(generation, np.unique(np.concatenate(parts)))
 
     def _fetch_deferred(self, generation: _Generation, keys: np.ndarray) -> None:
-        LOOKUPS.labels(tier="redis", result="fetch").inc(len(keys))
-        try:
-            values, present = self._read(generation.version, keys)
-            self.store_failed = False
-        except Exception:
-            self.store_failed = True
-            generation.in_flight[keys] = False
-            return
-        if not present.all():
-            DEFAULTS.labels(reason="not_in_store").inc(int((~present).sum()))
-        self._insert_fetched(generation, keys[present], torch.from_numpy(values[present]))
-        generation.in_flight[keys] = False
+        read = self._read_misses(generation, keys)
+        if read is not None:
+            values, present = read
+            self._insert_fetched(generation, keys[present], torch.from_numpy(values[present]))
+        generation.in_flight[keys] = False  # asked for again if they missed or failed
 
     def flush(self) -> None:
         """Wait until queued background work is applied (tests, benchmarks)."""

@@ -104,11 +104,11 @@ def embeddings_for(directory: Path, settings: Settings | None = None) -> Embeddi
         tables=tables,
         dim=int(spec["dim"]),
         config=CacheConfig(
-            config.device_capacity,
-            config.host_capacity,
-            config.policy,
-            config.async_threshold,
-            config.miss_policy,
+            device_capacity=config.device_capacity,
+            host_capacity=config.host_capacity,
+            policy=config.policy,
+            async_threshold=config.async_threshold,
+            miss_policy=config.miss_policy,
         ),
     )
 
