@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +10,7 @@ import pandas as pd
 from pipelines.errors import ArtifactError
 from pipelines.features.rows import USER_ATTRIBUTES
 from services.embedding_cache.backing import RedisRows
+from services.inference.embeddings import read_table_spec
 from services.stores.base import OnlineStore, UserRecord
 
 BATCH = 2_000
@@ -45,16 +45,12 @@ def materialize_embeddings(rows: RedisRows, model_repository: Path, version: int
     """Write every row of every DLRM table of ``version`` to Redis (binary, pipelined,
     under the version's own keys); return the rows written."""
     directory = model_repository / "ranker" / str(version) / "embeddings"
-    if not (directory / "tables.json").is_file():
-        raise ArtifactError(f"{directory / 'tables.json'} is missing")
-    spec = json.loads((directory / "tables.json").read_text())
+    spec = read_table_spec(directory)
     written = sum(
         rows.write_table(version, column, np.load(directory / f"{column}.npy", mmap_mode="r"))
-        for column in spec["columns"]
+        for column in spec.columns
     )
-    rows.mark_complete(
-        version, {c: int(spec["rows"][c]) for c in spec["columns"]}, int(spec["dim"])
-    )
+    rows.mark_complete(version, spec.rows, spec.dim)
     return written
 
 

@@ -8,11 +8,31 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from pipelines.errors import ArtifactError
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """``tables.json`` of an exported ranker: table (sparse column) order, rows, row width."""
+
+    columns: list[str]
+    rows: dict[str, int]
+    dim: int
+
+
+def read_table_spec(directory: Path) -> TableSpec:
+    """The table spec of the ranker's ``embeddings/`` directory (ArtifactError if missing)."""
+    path = directory / "tables.json"
+    if not path.is_file():
+        raise ArtifactError(f"{path} is missing")
+    spec = json.loads(path.read_text())
+    columns = list(spec["columns"])
+    return TableSpec(columns, {c: int(spec["rows"][c]) for c in columns}, int(spec["dim"]))
 
 
 class EmbeddingLookup(ABC):
@@ -38,16 +58,13 @@ class InMemoryTables(EmbeddingLookup):
 
     @classmethod
     def load(cls, directory: Path) -> InMemoryTables:
-        spec_path = directory / "tables.json"
-        if not spec_path.is_file():
-            raise ArtifactError(f"{spec_path} is missing")
-        spec = json.loads(spec_path.read_text())
-        tables = [np.load(directory / f"{c}.npy", mmap_mode="r") for c in spec["columns"]]
-        for column, table in zip(spec["columns"], tables, strict=True):
-            if table.shape != (spec["rows"][column], spec["dim"]):
+        spec = read_table_spec(directory)
+        tables = [np.load(directory / f"{c}.npy", mmap_mode="r") for c in spec.columns]
+        for column, table in zip(spec.columns, tables, strict=True):
+            if table.shape != (spec.rows[column], spec.dim):
                 raise ArtifactError(
                     f"{directory / column}.npy has shape {table.shape}, manifest says "
-                    f"({spec['rows'][column]}, {spec['dim']})"
+                    f"({spec.rows[column]}, {spec.dim})"
                 )
         return cls([np.ascontiguousarray(t) for t in tables])
 

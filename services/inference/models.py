@@ -13,7 +13,7 @@ import onnxruntime as ort
 
 from pipelines.errors import ArtifactError
 from pipelines.models.gbm import TreeRanker, tree_features
-from services.inference.embeddings import EmbeddingLookup, InMemoryTables
+from services.inference.embeddings import EmbeddingLookup, InMemoryTables, read_table_spec
 
 if TYPE_CHECKING:
     from services.settings import Settings
@@ -69,11 +69,7 @@ def embeddings_for(directory: Path, settings: Settings | None = None) -> Embeddi
     from services.embedding_cache.backing import RedisRows
     from services.embedding_cache.cache import CacheConfig, HierarchicalEmbeddingCache
 
-    spec_path = directory / "embeddings" / "tables.json"
-    if not spec_path.is_file():
-        raise ArtifactError(f"{spec_path} is missing")
-    spec = json.loads(spec_path.read_text())
-    tables = {c: int(spec["rows"][c]) for c in spec["columns"]}
+    spec = read_table_spec(directory / "embeddings")
     version = int(directory.name)
     backing = RedisRows(url, config.namespace, config.timeout_ms / 1000)
     try:
@@ -87,7 +83,7 @@ def embeddings_for(directory: Path, settings: Settings | None = None) -> Embeddi
             error,
         )
     else:
-        if stored != {"tables": tables, "dim": int(spec["dim"])}:
+        if stored != {"tables": spec.rows, "dim": spec.dim}:
             raise ArtifactError(
                 f"Redis at {url} (namespace {config.namespace!r}) does not hold the embedding "
                 f"rows of model version {version}: run `cascade materialize`"
@@ -101,8 +97,8 @@ def embeddings_for(directory: Path, settings: Settings | None = None) -> Embeddi
     return HierarchicalEmbeddingCache(
         backing,
         version=version,
-        tables=tables,
-        dim=int(spec["dim"]),
+        tables=spec.rows,
+        dim=spec.dim,
         config=CacheConfig(
             device_capacity=config.device_capacity,
             host_capacity=config.host_capacity,
