@@ -36,11 +36,14 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def redis_url(db: int = 9) -> str | None:
-    """The test Redis (CASCADE_TEST_REDIS_URL or the local default) if it answers, else None."""
+    """The test Redis if it answers, else None: ``CASCADE_TEST_REDIS_URL`` as given, or db
+    ``db`` of the server at ``CASCADE_TEST_REDIS_ADDRESS`` (host:port, default 127.0.0.1:6379),
+    so that two test runs can each use a private server."""
     import os
     import socket
 
-    url = os.environ.get("CASCADE_TEST_REDIS_URL", f"redis://127.0.0.1:6379/{db}")
+    address = os.environ.get("CASCADE_TEST_REDIS_ADDRESS", "127.0.0.1:6379")
+    url = os.environ.get("CASCADE_TEST_REDIS_URL", f"redis://{address}/{db}")
     host_port = url.split("//", 1)[1].split("/", 1)[0]
     host, port = host_port.rsplit(":", 1)
     try:
