@@ -45,6 +45,12 @@ class RequestContext:
         self.reasons.append(f"{stage}:{reason}")
         FALLBACKS.labels(stage=stage, reason=reason).inc()
 
+    @staticmethod
+    def count_fallback(stage: str, reason: str) -> None:
+        """Count a fallback that is the normal answer, not a degradation (a new user's
+        popularity candidates)."""
+        FALLBACKS.labels(stage=stage, reason=reason).inc()
+
 
 class Stage(Protocol):
     """A serving stage: reads and updates the context; degrades instead of raising."""

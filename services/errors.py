@@ -7,7 +7,14 @@ from __future__ import annotations
 
 from pipelines.errors import ArtifactError, CascadeError
 
-__all__ = ["ArtifactError", "CascadeError", "DependencyUnavailable", "NotReady", "http_status"]
+__all__ = [
+    "ArtifactError",
+    "CascadeError",
+    "DependencyUnavailable",
+    "FeedbackNotDurable",
+    "NotReady",
+    "http_status",
+]
 
 
 class DependencyUnavailable(CascadeError):
@@ -23,8 +30,12 @@ class NotReady(CascadeError):
     """No release is loaded, so no answer at all is possible."""
 
 
+class FeedbackNotDurable(CascadeError):
+    """The store would not keep acknowledged feedback across a restart (no AOF)."""
+
+
 def http_status(error: CascadeError) -> int:
     """The HTTP status of a domain error."""
-    if isinstance(error, NotReady | DependencyUnavailable):
+    if isinstance(error, NotReady | DependencyUnavailable | FeedbackNotDurable):
         return 503
     return 500  # ArtifactError and anything else: the server's own fault

@@ -14,7 +14,7 @@ import numpy as np
 
 from pipelines.features.spec import USER_TOWER_COLUMNS
 from services.context import RequestContext
-from services.errors import NotReady
+from services.errors import FeedbackNotDurable, NotReady
 from services.inference.backends import InferenceBackend, LocalBackend
 from services.materialize import materialize
 from services.recommender import Recommender
@@ -28,7 +28,8 @@ from services.stages.filtering import FilteringStage
 from services.stages.ordering import OrderingStage
 from services.stages.retrieval import RetrievalStage
 from services.stages.scoring import ScoringStage, ranking_inputs
-from services.stores.base import OnlineStore
+from services.store_monitor import StoreMonitor
+from services.stores.base import Durability, OnlineStore
 from services.stores.memory import InMemoryStore
 from services.stores.redis import RedisStore
 
@@ -67,6 +68,7 @@ class Gateway:
         self.redis_breaker = CircuitBreaker("redis", settings.redis.breaker)
         self.triton_breaker = CircuitBreaker("triton", settings.triton.breaker)
         self.recommender: Recommender | None = None
+        self.store_monitor: StoreMonitor | None = None
 
     @property
     def ready(self) -> bool:
@@ -85,17 +87,22 @@ class Gateway:
             default.version, settings.canary_version, settings.canary_percent
         )
         await self.store.start()
+        release_dir = settings.artifacts / "releases" / str(default.version)
         if isinstance(self.store, InMemoryStore):  # the embedded default starts empty
-            count = await materialize(
-                self.store, settings.artifacts / "releases" / str(default.version)
-            )
+            count = await materialize(self.store, release_dir)
             log.info("in-memory store loaded with %d users", count)
+        self.store_monitor = StoreMonitor(self.store, release_dir, settings.redis.auto_materialize)
+        await self.store_monitor.check()
+        self._check_durability(self.store_monitor.durability)
+        self.store_monitor.start()
         await self.backend.start(sorted(self.releases))
         await self._warm_up()
         redis_s, triton_s = settings.redis.timeout_ms / 1000, settings.triton.timeout_ms / 1000
         self.recommender = Recommender(
             [
-                FeaturesStage(self.store, self.redis_breaker, redis_s),
+                FeaturesStage(
+                    self.store, self.redis_breaker, redis_s, self.store_monitor.notice_empty
+                ),
                 RetrievalStage(
                     self.releases, self.backend, self.triton_breaker, triton_s, settings.candidates
                 ),
@@ -127,8 +134,43 @@ class Gateway:
             except Exception as error:
                 log.warning("warm-up of model version %d failed: %r", version, error)
 
+    def _check_durability(self, durability: Durability | None) -> None:
+        """Refuse to start on a store that loses acknowledged feedback on a restart, unless
+        the settings accept that (then warn). Unknown (store unreachable now): the feedback
+        route refuses events until the monitor has seen a durable store."""
+        if durability is None or durability.durable:
+            if durability is not None:
+                log.info("feedback store: %s", durability.detail)
+            return
+        if isinstance(self.store, InMemoryStore):
+            log.warning("feedback is kept in process memory (embedded default, no Redis)")
+        elif self.settings.feedback.require_durable:
+            raise FeedbackNotDurable(
+                f"the Redis holding feedback does not persist it ({durability.detail}): "
+                "turn on AOF (appendonly yes in redis.conf, or CONFIG SET appendonly yes) or "
+                "set CASCADE_FEEDBACK__REQUIRE_DURABLE=false to accept losing events"
+            )
+        else:
+            log.warning(
+                "feedback store: %s (CASCADE_FEEDBACK__REQUIRE_DURABLE=false)", durability.detail
+            )
+
+    @property
+    def feedback_refusal(self) -> str | None:
+        """Why feedback cannot be acknowledged as durable right now (None: it can)."""
+        monitor = self.store_monitor
+        if isinstance(self.store, InMemoryStore) or not self.settings.feedback.require_durable:
+            return None
+        if monitor is None or monitor.durability is None:
+            return "the feedback store has not been checked for durability yet"
+        if not monitor.durability.durable:
+            return f"the feedback store does not persist events ({monitor.durability.detail})"
+        return None
+
     async def close(self) -> None:
         self.recommender = None
+        if self.store_monitor is not None:
+            await self.store_monitor.close()
         await self.backend.close()
         await self.store.close()
 

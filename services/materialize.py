@@ -55,8 +55,10 @@ def materialize_embeddings(rows: RedisRows, model_repository: Path, version: int
 
 
 async def materialize(store: OnlineStore, release_dir: Path) -> int:
-    """Write every user of the release into ``store``; return how many."""
+    """Write every user of the release into ``store``, then its completeness marker (so a
+    store that lost its data, or was half written, is told apart); return how many."""
     records = user_records(release_dir)
     for start in range(0, len(records), BATCH):
         await store.write_users(records[start : start + BATCH])
+    await store.mark_loaded(int(release_dir.name), len(records))
     return len(records)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 STAGES = ("features", "retrieval", "filtering", "scoring", "ordering")
 REASONS = (
@@ -13,7 +13,10 @@ REASONS = (
     "too_few_candidates",
     "bad_scores",
     "embeddings_unavailable",
+    "store_empty",
 )
+STORE_STATES = ("ok", "empty", "loading", "unreachable", "unknown")
+OTHER_VERSION = "other"  # the label of a model version this gateway does not serve
 
 STAGE_LATENCY = Histogram(
     "cascade_stage_latency_seconds",
@@ -37,6 +40,15 @@ RECOMMENDATIONS = Counter(
 )
 FEEDBACK = Counter(
     "cascade_feedback_events_total",
-    "Feedback events stored, per model version and type.",
+    "Feedback events stored, per model version (a served version, else 'other') and type.",
     ["model_version", "type"],
+)
+FEEDBACK_DUPLICATES = Counter(
+    "cascade_feedback_duplicates_total",
+    "Feedback events not stored again because their event_id was stored before.",
+)
+ONLINE_STORE_STATE = Gauge(
+    "cascade_online_store_state",
+    "1 for the online store's current state (ok, empty, loading, unreachable, unknown).",
+    ["state"],
 )

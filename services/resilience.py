@@ -16,7 +16,8 @@ T = TypeVar("T")
 class CircuitBreaker:
     """Closed -> (``failures`` in a row) -> open -> (after ``reset_s``) -> one trial call.
 
-    While open, calls fail at once (no waiting on a dead dependency); a successful trial
+    While open, calls fail at once (no waiting on a dead dependency). Half-open admits one
+    trial call at a time; concurrent callers keep failing fast meanwhile. A successful trial
     closes it again, a failed trial re-opens it.
     """
 
@@ -28,6 +29,7 @@ class CircuitBreaker:
         self.clock = clock
         self.consecutive_failures = 0
         self.opened_at: float | None = None
+        self.probing = False  # a half-open trial call is in flight
 
     @property
     def state(self) -> str:
@@ -36,16 +38,26 @@ class CircuitBreaker:
         return "half_open" if self.clock() - self.opened_at >= self.settings.reset_s else "open"
 
     def allow(self) -> bool:
-        return self.state != "open"
+        """Closed: yes. Open: no. Half-open: yes for one caller (the probe), no for the
+        others until the probe has succeeded (closed) or failed (open again)."""
+        state = self.state
+        if state == "closed":
+            return True
+        if state == "open" or self.probing:
+            return False
+        self.probing = True
+        return True
 
     def record_success(self) -> None:
         self.consecutive_failures = 0
         self.opened_at = None
+        self.probing = False
 
     def record_failure(self) -> None:
         self.consecutive_failures += 1
         if self.state == "half_open" or self.consecutive_failures >= self.settings.failures:
             self.opened_at = self.clock()
+        self.probing = False
 
     async def call(self, make_call: Callable[[], Awaitable[T]], timeout_s: float) -> T:
         """Run ``make_call()`` within ``timeout_s``; raise DependencyUnavailable on any failure."""
@@ -62,5 +74,8 @@ class CircuitBreaker:
         except Exception as error:  # any client error means the dependency did not answer
             self.record_failure()
             raise DependencyUnavailable(self.name, "error") from error
+        except BaseException:  # cancelled: no verdict on the dependency, free the probe slot
+            self.probing = False
+            raise
         self.record_success()
         return result

@@ -28,6 +28,11 @@ class RedisSettings(BaseModel):
     timeout_ms: float = Field(25.0, gt=0, description="Per-call timeout of the request path.")
     namespace: str = Field("cascade", description="Key prefix (keys are versioned below it).")
     breaker: BreakerSettings = BreakerSettings()
+    auto_materialize: bool = Field(
+        True,
+        description="When the store comes back empty (no completeness marker), reload the "
+        "served release's users into it from the gateway (one replica at a time, under a lock).",
+    )
 
 
 class TritonSettings(BaseModel):
@@ -69,6 +74,40 @@ class EmbeddingCacheSettings(BaseModel):
     timeout_ms: float = Field(50.0, gt=0, description="Redis socket timeout of a miss fetch.")
 
 
+class ServerSettings(BaseModel):
+    """HTTP server limits (uvicorn + a guarded httptools protocol: services/api/server.py)."""
+
+    max_header_bytes: int = Field(
+        16_384, ge=1024, description="Request line + headers larger than this get 431."
+    )
+    header_timeout_s: float = Field(
+        10.0, gt=0, description="A connection that has not sent complete headers in time closes."
+    )
+    keep_alive_s: float = Field(5.0, gt=0, description="Idle keep-alive connections close after.")
+    max_connections: int = Field(
+        1000, ge=1, description="Open connections per worker; more are answered 503 and closed."
+    )
+    graceful_shutdown_s: float = Field(
+        10.0, gt=0, description="On SIGTERM, requests in flight get this long, then are cut."
+    )
+
+
+class FeedbackSettings(BaseModel):
+    """The feedback stream in Redis: durability, bound, idempotency."""
+
+    require_durable: bool = Field(
+        True,
+        description="Refuse to start when the Redis holding feedback does not persist it "
+        "(appendonly no); false = start with a warning (acknowledged events may be lost).",
+    )
+    max_len: int = Field(
+        1_000_000, ge=1000, description="Stream bound (XADD MAXLEN ~): oldest events trimmed."
+    )
+    idempotency_ttl_s: int = Field(
+        86_400, ge=60, description="How long an event_id is remembered to drop client retries."
+    )
+
+
 class Settings(BaseSettings):
     """Everything the gateway reads at start-up, validated once."""
 
@@ -87,6 +126,8 @@ class Settings(BaseSettings):
     redis: RedisSettings = RedisSettings()
     triton: TritonSettings = TritonSettings()
     embedding_cache: EmbeddingCacheSettings = EmbeddingCacheSettings()
+    server: ServerSettings = ServerSettings()
+    feedback: FeedbackSettings = FeedbackSettings()
     k_default: int = Field(20, ge=1, le=500)
     k_max: int = Field(500, ge=1, le=500, description="Largest k a request may ask for.")
     candidates: int = Field(300, ge=1, le=5000, description="Retrieval candidate count.")

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from pipelines.data.schema import RawDataset
 from pipelines.data.synthetic import make_synthetic
+
+# The shared test Redis does not persist (nor does CI's): gateways in tests accept that, except
+# in the tests of that refusal, which set FeedbackSettings(require_durable=True) themselves.
+os.environ.setdefault("CASCADE_FEEDBACK__REQUIRE_DURABLE", "false")
 
 
 @pytest.fixture(scope="session")

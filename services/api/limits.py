@@ -1,4 +1,4 @@
-"""Reject request bodies over a size limit (413) before they are read into memory."""
+"""Reject request bodies over a size limit (413) before the application reads them."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 
 class BodySizeLimit:
-    """Pure ASGI middleware: checks Content-Length, and counts bytes of bodies without one."""
+    """Pure ASGI middleware. A declared Content-Length over the limit is refused at once; a
+    body without one (chunked) is read here, up to the limit, and replayed to the app, so an
+    oversized chunked body also gets 413 (not the 400 a failed read inside the app gives)."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
@@ -23,6 +25,7 @@ class BodySizeLimit:
                 "headers": [
                     (b"content-type", b"application/json"),
                     (b"content-length", str(len(body)).encode()),
+                    (b"connection", b"close"),
                 ],
             }
         )
@@ -33,25 +36,39 @@ class BodySizeLimit:
             await self.app(scope, receive, send)
             return
         declared = dict(scope.get("headers", [])).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._reject(send)
+        if declared is not None:
+            if declared.isdigit() and int(declared) > self.max_bytes:
+                await self._reject(send)
+                return
+            await self.app(scope, receive, send)  # the server enforces the declared length
             return
-        received = 0
-
-        async def counting_receive() -> Message:
-            nonlocal received
+        chunks, size = [], 0
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_bytes:
-                    raise _TooLarge
-            return message
+            if message["type"] != "http.request":  # the client went away
+                await self.app(scope, _replay([message]), send)
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_bytes:
+                await self._reject(send)
+                return
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        replay = _replay([{"type": "http.request", "body": body, "more_body": False}], receive)
+        await self.app(scope, replay, send)
 
-        try:
-            await self.app(scope, counting_receive, send)
-        except _TooLarge:
-            await self._reject(send)
 
+def _replay(messages: list[Message], then: Receive | None = None) -> Receive:
+    """A receive() that returns ``messages`` first, then defers to ``then``."""
+    pending = list(messages)
 
-class _TooLarge(Exception):
-    pass
+    async def receive() -> Message:
+        if pending:
+            return pending.pop(0)
+        if then is None:
+            return {"type": "http.disconnect"}
+        return await then()
+
+    return receive

@@ -75,6 +75,7 @@ class RetrievalStage(ModelStage):
         release = self.releases[ctx.model_version]
         wanted = max(self.candidates, ctx.k)
         if ctx.user is None:
+            ctx.count_fallback(self.name, "cold_start")
             ctx.candidates, ctx.retrieval_scores = popularity_candidates(release, wanted)
             return ctx
         length = int(release.manifest["config"]["history_length"])

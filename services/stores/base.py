@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 SCHEMA = 1
-FEEDBACK_FIELDS = ("user_id", "item_id", "type", "model_version", "timestamp")
+FEEDBACK_FIELDS = ("user_id", "item_id", "type", "model_version", "timestamp", "event_id")
 
 
 @dataclass
@@ -28,10 +28,30 @@ class UserRecord:
 
 @dataclass
 class UserLookup:
-    """What the features stage needs, fetched in one round trip."""
+    """What the features stage needs, fetched in one round trip. ``loaded`` is False when the
+    store lacks the completeness marker ``materialize`` writes last: it lost its data (a
+    restart without persistence) or was never filled, so a missing user is not a new user."""
 
     user: UserRecord | None
     unavailable: np.ndarray
+    loaded: bool = True
+
+
+@dataclass
+class Appended:
+    """The result of ``append_feedback``: a stream id per event (the earlier id for a
+    duplicate ``event_id``) and how many events were duplicates, so not stored again."""
+
+    ids: list[str]
+    duplicates: int = 0
+
+
+@dataclass
+class Durability:
+    """Whether an acknowledged write survives a restart of the store, and why."""
+
+    durable: bool
+    detail: str
 
 
 def pack_ids(ids: np.ndarray) -> bytes:
@@ -74,8 +94,31 @@ class OnlineStore(ABC):
         """Replace the set of items that may not be recommended."""
 
     @abstractmethod
-    async def append_feedback(self, events: Sequence[dict[str, str]]) -> list[str]:
-        """Append events durably and atomically (all or none); return their ids."""
+    async def append_feedback(
+        self, events: Sequence[dict[str, str]], max_len: int, idempotency_ttl_s: int
+    ) -> Appended:
+        """Append events atomically to the stream, trimmed to about ``max_len`` entries; an
+        event whose ``event_id`` was appended in the last ``idempotency_ttl_s`` is not
+        appended again (its earlier id is returned)."""
+
+    @abstractmethod
+    async def durability(self) -> Durability:
+        """Whether acknowledged feedback survives a restart of the store."""
+
+    @abstractmethod
+    async def mark_loaded(self, release_version: int, users: int) -> None:
+        """Write the completeness marker (last, after every user of the release)."""
+
+    @abstractmethod
+    async def loaded_marker(self) -> dict[str, int] | None:
+        """The completeness marker (release version, users), or None when absent."""
+
+    @abstractmethod
+    async def try_lock(self, name: str, ttl_s: float) -> bool:
+        """Take a named lock shared by every gateway replica, expiring after ``ttl_s``."""
+
+    @abstractmethod
+    async def unlock(self, name: str) -> None: ...
 
     @abstractmethod
     async def read_feedback(self, count: int = 1000) -> list[dict[str, str]]:

@@ -3,14 +3,23 @@ for feedback. A user lookup is one pipelined round trip."""
 
 from __future__ import annotations
 
+import json
+import secrets
+import time
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
 
 from services.stores.base import (
     SCHEMA,
+    Appended,
+    Durability,
     OnlineStore,
     UserLookup,
     UserRecord,
@@ -20,6 +29,33 @@ from services.stores.base import (
 )
 
 WRITE_BATCH = 500
+HEALTH_CHECK_S = 5  # a pooled connection idle longer than this is PINGed before use
+
+# Appends feedback events atomically: per event, an event_id seen before returns its earlier
+# stream id instead of adding it again; new events are XADDed with MAXLEN ~ and their
+# event_id remembered for the TTL. ARGV: max_len, ttl_s, key prefix of event ids, then per
+# event: event_id ('' = none), field count, fields and values.
+APPEND_FEEDBACK = """
+local stream, max_len, ttl, prefix = KEYS[1], ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local out, i = {}, 4
+while i <= #ARGV do
+  local event_id, n = ARGV[i], tonumber(ARGV[i + 1])
+  i = i + 2
+  local earlier = false
+  if event_id ~= '' then earlier = redis.call('GET', prefix .. event_id) end
+  if earlier then
+    table.insert(out, {earlier, 0})
+  else
+    local args = {'XADD', stream, 'MAXLEN', '~', max_len, '*'}
+    for j = i, i + 2 * n - 1 do table.insert(args, ARGV[j]) end
+    local id = redis.call(unpack(args))
+    if event_id ~= '' then redis.call('SET', prefix .. event_id, id, 'EX', ttl) end
+    table.insert(out, {id, 1})
+  end
+  i = i + 2 * n
+end
+return out
+"""
 
 
 class RedisStore(OnlineStore):
@@ -30,6 +66,8 @@ class RedisStore(OnlineStore):
         self.prefix = f"{namespace}:s{SCHEMA}"
         self.socket_timeout_s = socket_timeout_s
         self._client: aioredis.Redis | None = None
+        self._append: Any = None
+        self._lock_tokens: dict[str, str] = {}
 
     @property
     def client(self) -> aioredis.Redis:
@@ -46,9 +84,14 @@ class RedisStore(OnlineStore):
             decode_responses=False,
             socket_timeout=self.socket_timeout_s,
             socket_connect_timeout=self.socket_timeout_s,
-            health_check_interval=0,
+            # after a Redis restart the pool's sockets are dead: check idle ones before use
+            # and retry a call once on a fresh connection instead of failing it
+            health_check_interval=HEALTH_CHECK_S,
+            retry=Retry(NoBackoff(), 1),
+            retry_on_error=[RedisConnectionError],
             max_connections=256,
         )
+        self._append = self._client.register_script(APPEND_FEEDBACK)
 
     async def close(self) -> None:
         if self._client is not None:
@@ -67,7 +110,8 @@ class RedisStore(OnlineStore):
         pipe.get(self.key("recent", user_id))
         pipe.get(self.key("seen", user_id))
         pipe.get(self.key("unavailable"))
-        attributes, recent, seen, unavailable = await pipe.execute()
+        pipe.exists(self.key("loaded"))
+        attributes, recent, seen, unavailable, loaded = await pipe.execute()
         user = None
         if attributes:
             user = UserRecord(
@@ -76,7 +120,7 @@ class RedisStore(OnlineStore):
                 unpack_ids(recent),
                 unpack_ids(seen),
             )
-        return UserLookup(user, unpack_ids(unavailable))
+        return UserLookup(user, unpack_ids(unavailable), loaded=bool(loaded))
 
     async def write_users(self, users: Sequence[UserRecord]) -> None:
         for start in range(0, len(users), WRITE_BATCH):
@@ -93,14 +137,60 @@ class RedisStore(OnlineStore):
     async def set_unavailable(self, item_ids: np.ndarray) -> None:
         await self.client.set(self.key("unavailable"), pack_ids(np.unique(item_ids)))
 
-    async def append_feedback(self, events: Sequence[dict[str, str]]) -> list[str]:
-        checked = [validate_event(e) for e in events]
-        pipe = self.client.pipeline(transaction=True)  # MULTI/EXEC: all events or none
-        for event in checked:
-            pipe.xadd(self.key("feedback"), event)  # type: ignore[arg-type]
-        ids: list[bytes] = await pipe.execute()
-        return [i.decode() for i in ids]
+    async def append_feedback(
+        self, events: Sequence[dict[str, str]], max_len: int, idempotency_ttl_s: int
+    ) -> Appended:
+        args: list[object] = [max_len, idempotency_ttl_s, self.key("feedback", "event", "")]
+        for event in map(validate_event, events):
+            fields = [part for item in event.items() for part in item]
+            args += [event.get("event_id", ""), len(event), *fields]
+        replies = await self._append(keys=[self.key("feedback")], args=args)
+        ids = [stream_id.decode() for stream_id, _ in replies]
+        return Appended(ids, duplicates=sum(1 for _, new in replies if not new))
 
     async def read_feedback(self, count: int = 1000) -> list[dict[str, str]]:
         entries: Any = await self.client.xrange(self.key("feedback"), count=count)
         return [{k.decode(): v.decode() for k, v in fields.items()} for _, fields in entries]
+
+    async def durability(self) -> Durability:
+        try:
+            config = await self.client.config_get("append*")
+            settings = {_text(k): _text(v) for k, v in config.items()}
+            aof, fsync = settings.get("appendonly") == "yes", settings.get("appendfsync", "?")
+        except ResponseError:  # CONFIG disabled (managed Redis): INFO still says it
+            info = await self.client.info("persistence")
+            aof, fsync = int(info.get("aof_enabled", 0)) == 1, "unknown"
+        if not aof:
+            return Durability(False, "appendonly is off: a restart loses every event")
+        if fsync == "no":
+            return Durability(True, "appendonly on, appendfsync no: an OS crash may lose ~30 s")
+        return Durability(True, f"appendonly on, appendfsync {fsync}")
+
+    async def mark_loaded(self, release_version: int, users: int) -> None:
+        marker = {"release": int(release_version), "users": int(users), "at": int(time.time())}
+        await self.client.set(self.key("loaded"), json.dumps(marker))
+
+    async def loaded_marker(self) -> dict[str, int] | None:
+        raw = await self.client.get(self.key("loaded"))
+        return None if raw is None else dict(json.loads(raw))
+
+    async def try_lock(self, name: str, ttl_s: float) -> bool:
+        token = secrets.token_hex(8)
+        taken = await self.client.set(self.key("lock", name), token, nx=True, px=int(ttl_s * 1000))
+        if taken:
+            self._lock_tokens[name] = token
+        return bool(taken)
+
+    async def unlock(self, name: str) -> None:
+        token = self._lock_tokens.pop(name, None)
+        if token is not None:  # delete only our own lock, never one that expired and was retaken
+            await self.client.eval(
+                "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end",
+                1,
+                self.key("lock", name),
+                token,
+            )
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

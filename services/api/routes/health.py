@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -17,17 +19,26 @@ async def live() -> dict[str, str]:
 
 @router.get("/health/ready")
 async def ready(gateway: GatewayDep, response: Response) -> dict[str, object]:
-    """Ready when an answer is possible at all (a release is loaded); dependencies are reported."""
+    """Ready when an answer is possible at all (a release is loaded); dependencies and what
+    degrades the answers are reported, not turned into 503 (a fleet whose Redis came back
+    empty still answers, from popularity, rather than leaving the load balancer with none)."""
     if not gateway.ready:
         response.status_code = 503
+    monitor = gateway.store_monitor
+    durability = monitor.durability if monitor is not None else None
     return {
         "ready": gateway.ready,
         "versions": sorted(gateway.releases),
         "redis_breaker": gateway.redis_breaker.state,
         "triton_breaker": gateway.triton_breaker.state,
+        "online_store": monitor.state if monitor is not None else "unknown",
+        "feedback_durable": durability.durable if durability is not None else None,
+        "feedback_refused": gateway.feedback_refusal,
     }
 
 
 @router.get("/metrics")
 async def metrics() -> Response:
-    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+    # rendering runs in a worker thread: a large registry never stalls the event loop
+    body = await asyncio.to_thread(generate_latest)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)

@@ -5,12 +5,12 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from services.api.deps import GatewayDep
-from services.api.schemas import RecommendRequest, RecommendResponse, ScoredItem
+from services.api.schemas import ERROR_RESPONSES, RecommendRequest, RecommendResponse, ScoredItem
 
 router = APIRouter()
 
 
-@router.post("/v1/recommend", response_model=RecommendResponse)
+@router.post("/v1/recommend", response_model=RecommendResponse, responses=ERROR_RESPONSES)
 async def recommend(body: RecommendRequest, gateway: GatewayDep) -> RecommendResponse:
     ctx, release = await gateway.recommend(
         body.user_id, body.k, body.context, body.exclude, body.model_version
