@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import signal
 import sys
 import typing
@@ -19,6 +20,7 @@ from pydantic import ValidationError
 
 from pipelines.config import TrainConfig
 from pipelines.errors import CascadeError
+from services.redact import redact_text, redact_url
 
 
 def _option_type(annotation: Any) -> Any:
@@ -184,7 +186,7 @@ def _run_materialize(args: argparse.Namespace) -> int:
             await store.close()
 
     count = asyncio.run(run())
-    print(f"materialized {count} users of release {version} into {url}")
+    print(f"materialized {count} users of release {version} into {redact_url(url)}")
     from services.embedding_cache.backing import RedisRows
     from services.materialize import materialize_embeddings
 
@@ -205,8 +207,7 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 def _run_serve(args: argparse.Namespace) -> int:
     import os
 
-    import uvicorn
-
+    from services.api.server import serve
     from services.triton_server import TritonServer
 
     settings = _settings(args)
@@ -230,15 +231,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     try:
         if args.artifacts is not None:
             os.environ["CASCADE_ARTIFACTS"] = str(args.artifacts)
-        uvicorn.run(
-            "services.api.app:create_app",
-            factory=True,
-            host=args.host,
-            port=args.port,
-            workers=args.workers,
-            log_level="warning",
-            access_log=False,
-        )
+        serve(args.host, args.port, args.workers, settings)
     finally:
         if server is not None:
             server.stop()
@@ -254,6 +247,10 @@ def main(argv: list[str] | None = None) -> int:
     _serve_parser(commands)
     _materialize_parser(commands)
     args = parser.parse_args(argv)
+    if args.command == "serve":  # a line per state change and one when ready, with times
+        logging.basicConfig(
+            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        )
     try:
         if args.command == "train":
             return _run_train(args)
@@ -262,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "materialize":
             return _run_materialize(args)
     except (CascadeError, ValidationError) as error:
-        print(f"cascade: error: {error}", file=sys.stderr)
+        print(f"cascade: error: {redact_text(str(error))}", file=sys.stderr)
         return 2
     parser.error(f"unknown command {args.command}")
     return 2

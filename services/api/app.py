@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -15,6 +16,8 @@ from services.errors import http_status
 from services.gateway import Gateway
 from services.settings import Settings
 
+log = logging.getLogger(__name__)
+
 
 def create_app(settings: Settings | None = None, gateway: Gateway | None = None) -> FastAPI:
     """Build the app; ``gateway`` lets tests inject stores and backends."""
@@ -25,6 +28,13 @@ def create_app(settings: Settings | None = None, gateway: Gateway | None = None)
         chosen = gateway or Gateway(resolved)
         app.state.gateway = chosen
         await chosen.start()
+        monitor = chosen.store_monitor
+        log.info(
+            "gateway ready: versions %s, online store %s, inference %s",
+            sorted(chosen.releases),
+            monitor.state if monitor is not None else "unknown",
+            "triton" if resolved.triton.url else "in process",
+        )
         try:
             yield
         finally:

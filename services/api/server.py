@@ -1,0 +1,129 @@
+"""The HTTP server: uvicorn with limits a hostile or broken client cannot get around.
+
+uvicorn's httptools protocol keeps reading an unterminated header for as long as the client
+sends it, keeps a connection that never sends a request open forever and accepts any number
+of connections. ``GuardedHttpToolsProtocol`` adds, per worker:
+
+- a cap on request line + headers (431 and close past ``max_header_bytes``; memory grows by
+  at most one socket read beyond it);
+- a header read timeout (408 and close when a connection has not sent complete headers
+  ``header_timeout_s`` after it opened or its request began);
+- a connection cap (503 and close for connections beyond ``max_connections``).
+
+Keep-alive idle time and the graceful-shutdown timeout are uvicorn's own options.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, ClassVar
+
+import uvicorn
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from services.settings import ServerSettings, Settings
+
+log = logging.getLogger(__name__)
+
+
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with header size, header time and connection limits."""
+
+    configured: ClassVar[ServerSettings | None] = None  # set by serve(); else from CASCADE_*
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.limits = self.configured or Settings().server
+        self.header_bytes = 0
+        self.awaiting_headers = True
+        self.header_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self.limits.max_connections:
+            self.refuse(503, "too many open connections")
+            return
+        self._arm_header_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_header_timer()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.awaiting_headers and not self.transport.is_closing():
+            self.header_bytes += len(data)
+            if self.header_bytes > self.limits.max_header_bytes:
+                self.refuse(431, f"request headers exceed {self.limits.max_header_bytes} bytes")
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self.awaiting_headers, self.header_bytes = True, 0
+        self._arm_header_timer()
+
+    def on_headers_complete(self) -> None:
+        self.awaiting_headers = False
+        self._disarm_header_timer()
+        super().on_headers_complete()
+
+    def _arm_header_timer(self) -> None:
+        if self.header_timer is None:
+            self.header_timer = self.loop.call_later(
+                self.limits.header_timeout_s, self._header_timeout
+            )
+
+    def _disarm_header_timer(self) -> None:
+        if self.header_timer is not None:
+            self.header_timer.cancel()
+            self.header_timer = None
+
+    def _header_timeout(self) -> None:
+        self.header_timer = None
+        if self.awaiting_headers and not self.transport.is_closing():
+            self.refuse(408, "request headers not received in time")
+
+    def refuse(self, status: int, message: str) -> None:
+        """Answer ``status`` with a plain-text ``message`` and close the connection."""
+        self._disarm_header_timer()
+        body = message.encode()
+        self.transport.write(
+            STATUS_LINE[status]
+            + b"content-type: text/plain; charset=utf-8\r\n"
+            + b"content-length: "
+            + str(len(body)).encode()
+            + b"\r\nconnection: close\r\n\r\n"
+            + body
+        )
+        self.transport.close()
+
+
+def server_config(app: Any, host: str, port: int, settings: Settings, **options: Any) -> Any:
+    """A uvicorn Config with the guarded protocol and the settings' limits."""
+    GuardedHttpToolsProtocol.configured = settings.server
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        http=GuardedHttpToolsProtocol,
+        timeout_keep_alive=int(settings.server.keep_alive_s),
+        timeout_graceful_shutdown=int(settings.server.graceful_shutdown_s),
+        log_level="warning",
+        access_log=False,
+        **options,
+    )
+
+
+def serve(host: str, port: int, workers: int, settings: Settings) -> None:
+    """Run the gateway (the app factory of services.api.app) until SIGINT/SIGTERM."""
+    config = server_config(
+        "services.api.app:create_app", host, port, settings, factory=True, workers=workers
+    )
+    server = uvicorn.Server(config)
+    if workers > 1:
+        from uvicorn.supervisors import Multiprocess
+
+        sock = config.bind_socket()
+        Multiprocess(config, target=server.run, sockets=[sock]).run()
+    else:
+        server.run()
