@@ -77,3 +77,42 @@ async def test_success_resets_the_failure_count() -> None:
     with pytest.raises(DependencyUnavailable):
         await breaker.call(_fail, 1.0)
     assert breaker.state == "closed"
+
+
+async def test_half_open_admits_one_probe_while_concurrent_callers_fail_fast() -> None:
+    clock = Clock()
+    breaker = CircuitBreaker("redis", BreakerSettings(failures=1, reset_s=5), clock)
+    with pytest.raises(DependencyUnavailable):
+        await breaker.call(_fail, 1.0)
+    clock.now = 6.0
+    release = asyncio.Event()
+    calls = []
+
+    async def slow_probe() -> str:
+        calls.append(1)
+        await release.wait()
+        return "ok"
+
+    probe = asyncio.create_task(breaker.call(slow_probe, 5.0))
+    await asyncio.sleep(0)  # the probe is in flight
+    others = await asyncio.gather(
+        *(breaker.call(slow_probe, 5.0) for _ in range(5)), return_exceptions=True
+    )
+    assert all(isinstance(e, DependencyUnavailable) and e.reason == "circuit_open" for e in others)
+    assert calls == [1]  # only the probe reached the dependency
+    release.set()
+    assert await probe == "ok" and breaker.state == "closed"
+
+
+async def test_a_cancelled_probe_frees_the_probe_slot() -> None:
+    clock = Clock()
+    breaker = CircuitBreaker("redis", BreakerSettings(failures=1, reset_s=5), clock)
+    with pytest.raises(DependencyUnavailable):
+        await breaker.call(_fail, 1.0)
+    clock.now = 6.0
+    probe = asyncio.create_task(breaker.call(asyncio.Event().wait, 5.0))
+    await asyncio.sleep(0)
+    probe.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await probe
+    assert await breaker.call(_ok, 1.0) == "ok"  # the next caller may probe
