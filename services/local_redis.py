@@ -17,9 +17,15 @@ def free_port() -> int:
 
 
 def start_redis_server(
-    directory: Path, timeout_s: float = 5.0
+    directory: Path,
+    timeout_s: float = 5.0,
+    port: int | None = None,
+    persist: bool = False,
+    password: str | None = None,
 ) -> tuple[str, subprocess.Popen[bytes]]:
-    """Start ``redis-server`` (nothing persisted) and wait until it accepts connections.
+    """Start ``redis-server`` and wait until it accepts connections: nothing persisted, or
+    with ``persist`` an append-only file in ``directory`` (fsync every second), so a
+    restart on the same ``port`` and ``directory`` finds the data again.
 
     Returns its URL and process; the caller stops it. Raises FileNotFoundError when the
     binary is not installed, TimeoutError when it does not come up.
@@ -27,7 +33,11 @@ def start_redis_server(
     binary = shutil.which("redis-server")
     if binary is None:
         raise FileNotFoundError("redis-server is not installed")
-    port = free_port()
+    port = port or free_port()
+    aof = (
+        ["--appendonly", "yes", "--appendfsync", "everysec"] if persist else ["--appendonly", "no"]
+    )
+    auth = ["--requirepass", password] if password else []
     process = subprocess.Popen(
         [
             binary,
@@ -37,8 +47,8 @@ def start_redis_server(
             "127.0.0.1",
             "--save",
             "",
-            "--appendonly",
-            "no",
+            *aof,
+            *auth,
             "--dir",
             str(directory),
         ],
@@ -49,7 +59,8 @@ def start_redis_server(
     while time.monotonic() < deadline:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
-            return f"redis://127.0.0.1:{port}/0", process
+            credentials = f":{password}@" if password else ""
+            return f"redis://{credentials}127.0.0.1:{port}/0", process
         except OSError:
             time.sleep(0.05)
     process.kill()
