@@ -128,7 +128,28 @@ def _serve_parser(commands: Any) -> None:
         "--triton", action="store_true", help="start a local Triton server and use it"
     )
     parser.add_argument(
-        "--triton-http-port", type=int, default=8000, help="Triton HTTP port (with --triton)"
+        "--triton-http-port",
+        type=int,
+        default=8000,
+        help="Triton HTTP port; gRPC and metrics take the next two (with --triton)",
+    )
+    parser.add_argument(
+        "--triton-address",
+        default="127.0.0.1",
+        help="address Triton's HTTP, gRPC and metrics ports bind to (with --triton); model "
+        "control needs the key CASCADE_TRITON__CONTROL_KEY (random per start when unset)",
+    )
+    parser.add_argument(
+        "--triton-log-max-bytes",
+        type=int,
+        default=10 << 20,
+        help="size at which artifacts/tritonserver.log is rotated (with --triton)",
+    )
+    parser.add_argument(
+        "--triton-log-backups",
+        type=int,
+        default=3,
+        help="rotated Triton logs kept: tritonserver.log.1 .. .N (with --triton)",
     )
     parser.add_argument(
         "--materialize", action="store_true", help="load the release's users into Redis first"
@@ -185,17 +206,24 @@ def _run_materialize(args: argparse.Namespace) -> int:
         finally:
             await store.close()
 
-    count = asyncio.run(run())
-    print(f"materialized {count} users of release {version} into {redact_url(url)}")
+    from redis.exceptions import RedisError
+
     from services.embedding_cache.backing import RedisRows
     from services.materialize import materialize_embeddings
 
     cache = settings.embedding_cache
-    rows = RedisRows(cache.redis_url or url, cache.namespace, timeout_s=30.0)
     try:
-        written = materialize_embeddings(rows, settings.artifacts / "model_repository", version)
-    finally:
-        rows.close()
+        count = asyncio.run(run())
+        print(f"materialized {count} users of release {version} into {redact_url(url)}")
+        rows = RedisRows(cache.redis_url or url, cache.namespace, timeout_s=30.0)
+        try:
+            written = materialize_embeddings(rows, settings.artifacts / "model_repository", version)
+        finally:
+            rows.close()
+    except (RedisError, OSError) as error:
+        raise CascadeError(
+            f"materialize into {redact_url(cache.redis_url or url)} failed: {error}"
+        ) from None
     print(f"materialized {written} embedding rows of model version {version}")
     return 0
 
@@ -218,16 +246,22 @@ def _run_serve(args: argparse.Namespace) -> int:
         _run_materialize(argparse.Namespace(artifacts=args.artifacts, version=None, redis_url=None))
     server = None
     if args.triton:
+        key = settings.triton.control_key
         server = TritonServer(
             settings.artifacts / "model_repository",
             http_port=args.triton_http_port,
             grpc_port=args.triton_http_port + 1,
             metrics_port=args.triton_http_port + 2,
             log_file=settings.artifacts / "tritonserver.log",
+            address=args.triton_address,
+            control_key=key.get_secret_value() if key is not None else None,
+            log_max_bytes=args.triton_log_max_bytes,
+            log_backups=args.triton_log_backups,
         )
         print(f"starting tritonserver on {server.http_url} (log: {server.log_file})", flush=True)
         server.start()
         os.environ["CASCADE_TRITON__URL"] = server.http_url
+        os.environ["CASCADE_TRITON__CONTROL_KEY"] = server.control_key  # for the gateway
     try:
         if args.artifacts is not None:
             os.environ["CASCADE_ARTIFACTS"] = str(args.artifacts)

@@ -33,4 +33,10 @@ def redact_url(url: str) -> str:
 
 def redact_text(text: str) -> str:
     """``text`` with the credentials of every URL in it replaced by ``***``."""
-    return _CREDENTIALS.sub(lambda m: f"{m['scheme']}{MASK}@", text)
+    return _CREDENTIALS.sub(_mask_userinfo, text)
+
+
+def _mask_userinfo(match: re.Match[str]) -> str:
+    user, has_password, _ = match["userinfo"].partition(":")
+    userinfo = f"{user}:{MASK}" if has_password else MASK  # same shape as redact_url
+    return f"{match['scheme']}{userinfo}@"
