@@ -18,7 +18,7 @@ from services.errors import FeedbackNotDurable, NotReady
 from services.inference.backends import InferenceBackend, LocalBackend
 from services.materialize import materialize
 from services.recommender import Recommender
-from services.release import Release, load_release
+from services.release import Release, load_served_releases
 from services.resilience import CircuitBreaker
 from services.routing import VersionRouter
 from services.rules import Rules, load_rules
@@ -63,6 +63,7 @@ class Gateway:
         self.store = store or make_store(settings)
         self.backend = backend or make_backend(settings)
         self.releases: dict[int, Release] = {}
+        self.release_problems: list[str] = []  # releases asked for but refused (corrupted...)
         self.rules: Rules = Rules()
         self.router: VersionRouter | None = None
         self.redis_breaker = CircuitBreaker("redis", settings.redis.breaker)
@@ -77,15 +78,17 @@ class Gateway:
     async def start(self) -> None:
         settings = self.settings
         self.rules = load_rules(settings.rules_file)
-        default = load_release(settings.artifacts, settings.model_version)
-        self.releases[default.version] = default
-        if settings.canary_version is not None:
-            self.releases[settings.canary_version] = load_release(
-                settings.artifacts, settings.canary_version
-            )
-        self.router = VersionRouter(
-            default.version, settings.canary_version, settings.canary_percent
+        served = await asyncio.to_thread(  # verifies every file's sha256: not on the loop
+            load_served_releases,
+            settings.artifacts,
+            settings.model_version,
+            settings.canary_version,
+            settings.artifact_fallback,
         )
+        self.releases.update(served.releases)
+        self.release_problems = served.problems
+        default = served.releases[served.default]
+        self.router = VersionRouter(default.version, served.canary, settings.canary_percent)
         await self.store.start()
         release_dir = settings.artifacts / "releases" / str(default.version)
         if isinstance(self.store, InMemoryStore):  # the embedded default starts empty

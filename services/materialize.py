@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from pipelines.errors import ArtifactError
+from pipelines.export.verify import verify_model_directory, verify_version
 from pipelines.features.rows import USER_ATTRIBUTES
 from services.embedding_cache.backing import RedisRows
 from services.inference.embeddings import read_table_spec
 from services.stores.base import OnlineStore, UserRecord
 
 BATCH = 2_000
+NOTHING_WRITTEN = "nothing was written; re-copy the version from the export store or re-export it"
 
 
 def user_records(release_dir: Path) -> list[UserRecord]:
@@ -43,7 +46,9 @@ def user_records(release_dir: Path) -> list[UserRecord]:
 
 def materialize_embeddings(rows: RedisRows, model_repository: Path, version: int) -> int:
     """Write every row of every DLRM table of ``version`` to Redis (binary, pipelined,
-    under the version's own keys); return the rows written."""
+    under the version's own keys); return the rows written. The ranker's files are checked
+    against the manifest first: a corrupted table raises ``ArtifactError``, writing nothing."""
+    verify_model_directory(model_repository / "ranker" / str(version), NOTHING_WRITTEN)
     directory = model_repository / "ranker" / str(version) / "embeddings"
     spec = read_table_spec(directory)
     written = sum(
@@ -56,7 +61,13 @@ def materialize_embeddings(rows: RedisRows, model_repository: Path, version: int
 
 async def materialize(store: OnlineStore, release_dir: Path) -> int:
     """Write every user of the release into ``store``, then its completeness marker (so a
-    store that lost its data, or was half written, is told apart); return how many."""
+    store that lost its data, or was half written, is told apart); return how many.
+
+    The whole version (release and model files) is checked against its manifest first, so a
+    corrupted file stops ``cascade materialize`` before it writes users or embedding rows.
+    """
+    version = int(release_dir.name)
+    await asyncio.to_thread(verify_version, release_dir.parents[1], version, None, NOTHING_WRITTEN)
     records = user_records(release_dir)
     for start in range(0, len(records), BATCH):
         await store.write_users(records[start : start + BATCH])

@@ -1,11 +1,15 @@
 """A served release: the exported item catalog, ANN index, popularity and feature workflow.
 
 Candidates are catalog positions (rows of ``items``); ``item_ids[position]`` is the raw id.
+A release is checked against its manifest's sha256 table before anything is read (its own
+files and its models' files: the version is served as a whole), and ``load_served_releases``
+falls back to the newest older version that verifies when the settings allow it.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,10 +19,13 @@ import pandas as pd
 
 from pipelines.errors import ArtifactError
 from pipelines.export.item_index import load_index
-from pipelines.export.repository import MANIFEST, latest_version
+from pipelines.export.repository import MANIFEST, complete_versions, latest_version
+from pipelines.export.verify import verify_version
 from pipelines.features.ops import Columns
 from pipelines.features.rows import ITEM_ATTRIBUTES, AttributeTable
 from pipelines.features.workflow import Workflow
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -58,6 +65,12 @@ def load_release(root: Path, version: int | None = None) -> Release:
     if not (directory / MANIFEST).is_file():
         raise ArtifactError(f"{directory} has no {MANIFEST} (missing or incomplete export)")
     manifest = json.loads((directory / MANIFEST).read_text())
+    models = manifest.get("models", {})
+    verify_version(
+        root,
+        version,
+        [f"releases/{version}", *(f"model_repository/{m}/{v}" for m, v in models.items())],
+    )
     item_ids = np.load(directory / "item_ids.npy")
     index = load_index(directory / "item_index.faiss")
     if index.ntotal != len(item_ids):
@@ -85,3 +98,92 @@ def load_release(root: Path, version: int | None = None) -> Release:
     raw = {"item_id": item_ids, **release.items.lookup(item_ids)}
     release.item_columns = release.workflow.transform(raw, partial=True)  # encoded once
     return release
+
+
+@dataclass
+class ServedReleases:
+    """What a gateway serves: the releases by version, the default and canary versions, and
+    one line per version that was asked for but refused (for readiness details)."""
+
+    releases: dict[int, Release]
+    default: int
+    canary: int | None
+    problems: list[str]
+
+
+def _newest_that_loads(root: Path, fallback: bool) -> tuple[Release, list[str]]:
+    versions = complete_versions(root)[::-1]
+    if not versions:
+        raise ArtifactError(
+            f"no complete release under {root / 'releases'}: run `cascade train` first"
+        )
+    refused: list[tuple[int, ArtifactError]] = []
+    for version in versions:
+        try:
+            release = load_release(root, version)
+        except ArtifactError as error:
+            if not fallback:
+                raise ArtifactError(
+                    f"release {version} cannot be served: {error} (CASCADE_ARTIFACT_FALLBACK "
+                    "is off; turn it on to serve the newest older version that verifies)"
+                ) from error
+            log.error("release %d cannot be served: %s", version, error)
+            refused.append((version, error))
+            continue
+        problems = [
+            f"release {v} refused ({error}); serving release {release.version}, the newest "
+            "that verifies"
+            for v, error in refused
+        ]
+        if refused:
+            log.warning(
+                "serving release %d instead of release %d, which failed verification",
+                release.version,
+                refused[0][0],
+            )
+        return release, problems
+    raise ArtifactError(
+        f"no release under {root / 'releases'} verifies; the newest: {refused[0][1]}"
+    ) from refused[0][1]
+
+
+def load_served_releases(
+    root: Path, pinned: int | None, canary: int | None, fallback: bool
+) -> ServedReleases:
+    """Load the releases a gateway serves, each verified (blocking: it hashes the files).
+
+    - ``pinned`` (CASCADE_MODEL_VERSION) is served or ``ArtifactError`` is raised: never
+      silently another version than the one pinned.
+    - Unpinned: the newest complete version; when it fails (a corrupted or missing file) and
+      ``fallback`` is on, the newest older version that loads, with a problem line and a
+      log line naming both.
+    - A ``canary`` that fails is dropped when ``fallback`` is on (every user goes to the
+      default; the rollout's analysis sees a canary without traffic and rolls back), else
+      raises.
+    """
+    problems: list[str] = []
+    if pinned is not None:
+        try:
+            default = load_release(root, pinned)
+        except ArtifactError as error:
+            raise ArtifactError(
+                f"release {pinned} is pinned (CASCADE_MODEL_VERSION) and cannot be served: "
+                f"{error}. The gateway does not start rather than serve another version: "
+                "restore the file, or pin a version that verifies"
+            ) from error
+    else:
+        default, problems = _newest_that_loads(root, fallback)
+    releases = {default.version: default}
+    if canary is not None and canary not in releases:
+        try:
+            releases[canary] = load_release(root, canary)
+        except ArtifactError as error:
+            if not fallback:
+                raise
+            problems.append(
+                f"canary release {canary} refused ({error}); every user is routed to release "
+                f"{default.version}"
+            )
+            log.error("%s", problems[-1])
+            canary = None
+    return ServedReleases(releases, default.version, canary, problems)

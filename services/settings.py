@@ -123,6 +123,13 @@ class Settings(BaseSettings):
     canary_percent: float = Field(
         0.0, ge=0, le=100, description="Share of users routed to the canary."
     )
+    artifact_fallback: bool = Field(
+        True,
+        description="When the latest release fails its sha256 check (or a file is missing), "
+        "serve the newest older one that verifies (said in the log and readiness details), "
+        "and drop a failing canary; false = refuse to start. A pinned model_version is never "
+        "replaced.",
+    )
     redis: RedisSettings = RedisSettings()
     triton: TritonSettings = TritonSettings()
     embedding_cache: EmbeddingCacheSettings = EmbeddingCacheSettings()

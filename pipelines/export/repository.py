@@ -8,11 +8,13 @@ A version is claimed by creating ``releases/<version>`` (atomic ``mkdir``); each
 directory is built under a staging name and renamed into place, so a reader never sees a
 half-written version, and an existing version is never touched. A version without
 ``manifest.json`` is incomplete and ignored by ``latest_version``.
+
+The manifest's ``files`` table (sha256 of every file of the version, release and model
+directories alike, keyed by the path relative to the root) is what ``verify`` checks on load.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -20,8 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.errors import ArtifactError
-
-MANIFEST = "manifest.json"
+from pipelines.export.verify import MANIFEST, file_sha256
 
 
 def _versions(directory: Path) -> list[int]:
@@ -40,20 +41,20 @@ def next_version(root: Path) -> int:
     return max(seen, default=0) + 1
 
 
+def complete_versions(root: Path) -> list[int]:
+    """Versions with a manifest, oldest first."""
+    releases = root / "releases"
+    return [v for v in _versions(releases) if (releases / str(v) / MANIFEST).is_file()]
+
+
 def latest_version(root: Path) -> int | None:
     """The newest version with a manifest, or None."""
-    complete = [
-        v for v in _versions(root / "releases") if (root / "releases" / str(v) / MANIFEST).is_file()
-    ]
-    return max(complete, default=None)
+    return max(complete_versions(root), default=None)
 
 
 def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    """The file's sha256 (the same chunked reader the loaders verify with)."""
+    return file_sha256(path)
 
 
 class VersionWriter:

@@ -12,6 +12,7 @@ import numpy as np
 import onnxruntime as ort
 
 from pipelines.errors import ArtifactError
+from pipelines.export.verify import verify_model_directory
 from pipelines.models.gbm import TreeRanker, tree_features
 from services.inference.embeddings import EmbeddingLookup, InMemoryTables, read_table_spec
 
@@ -38,6 +39,8 @@ class QueryTowerModel:
         self.session: ort.InferenceSession | None = None
 
     def load(self) -> None:
+        """Verify the version directory against its manifest, then open the ONNX model."""
+        verify_model_directory(self.directory)
         self.session = _session(self.directory / "model.onnx")
 
     def encode(self, user_features: np.ndarray, history: np.ndarray) -> np.ndarray:
@@ -126,6 +129,9 @@ class RankingModel:
         self.dlrm_weight = 0.5
 
     def load(self) -> None:
+        """Verify the version directory against its manifest (dense part, tree, tables and
+        specs), then load them; ``ArtifactError`` names a missing or corrupted file."""
+        verify_model_directory(self.directory)
         blend_path = self.directory / "blend.json"
         if not blend_path.is_file():
             raise ArtifactError(f"{blend_path} is missing")
