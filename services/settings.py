@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -40,8 +40,17 @@ class TritonSettings(BaseModel):
 
     url: str | None = Field(None, description="host:port of Triton; unset = in-process models.")
     protocol: Literal["http", "grpc"] = Field("http", description="Triton client protocol.")
-    timeout_ms: float = Field(40.0, gt=0, description="Per-call timeout of one inference.")
+    timeout_ms: float = Field(
+        40.0,
+        gt=0,
+        description="Per-call timeout of one inference; must exceed embedding_cache.timeout_ms.",
+    )
     breaker: BreakerSettings = BreakerSettings()
+    control_key: SecretStr | None = Field(
+        None,
+        description="Key of Triton's restricted APIs (model load/unload): sent as header "
+        "triton-control-key. Unset with `cascade serve --triton`: a random key per start.",
+    )
 
 
 class EmbeddingCacheSettings(BaseModel):
@@ -71,7 +80,17 @@ class EmbeddingCacheSettings(BaseModel):
         description="fetch = misses read from Redis on the request path (exact); defer = above "
         "async_threshold, misses get the default row now and are read in the background.",
     )
-    timeout_ms: float = Field(50.0, gt=0, description="Redis socket timeout of a miss fetch.")
+    timeout_ms: float = Field(
+        15.0,
+        gt=0,
+        description="Redis socket timeout of a miss fetch; below triton.timeout_ms, so that a "
+        "Redis stall degrades embeddings instead of timing out the whole ranker call.",
+    )
+    breaker: BreakerSettings = Field(
+        BreakerSettings(failures=3, reset_s=1.0),
+        description="Open after this many failed Redis reads: misses get default rows at "
+        "once (degraded) until a half-open read succeeds.",
+    )
 
 
 class ServerSettings(BaseModel):
@@ -83,12 +102,12 @@ class ServerSettings(BaseModel):
     header_timeout_s: float = Field(
         10.0, gt=0, description="A connection that has not sent complete headers in time closes."
     )
-    keep_alive_s: float = Field(5.0, gt=0, description="Idle keep-alive connections close after.")
+    keep_alive_s: int = Field(5, ge=1, description="Idle keep-alive connections close after.")
     max_connections: int = Field(
         1000, ge=1, description="Open connections per worker; more are answered 503 and closed."
     )
-    graceful_shutdown_s: float = Field(
-        10.0, gt=0, description="On SIGTERM, requests in flight get this long, then are cut."
+    graceful_shutdown_s: int = Field(
+        10, ge=1, description="On SIGTERM, requests in flight get this long, then are cut."
     )
 
 
@@ -139,7 +158,22 @@ class Settings(BaseSettings):
     k_max: int = Field(500, ge=1, le=500, description="Largest k a request may ask for.")
     candidates: int = Field(300, ge=1, le=5000, description="Retrieval candidate count.")
     rules_file: Path | None = Field(None, description="YAML ordering rules; unset = no rules.")
-    max_body_bytes: int = Field(65_536, ge=1024, description="Requests larger than this get 413.")
+    max_body_bytes: int = Field(
+        262_144,
+        ge=1024,
+        description="Requests larger than this get 413 (the largest valid body, 1,000 feedback "
+        "events with 64-character event ids, is about 230 KiB).",
+    )
+
+    @model_validator(mode="after")
+    def _timeouts_nest(self) -> Settings:
+        if self.embedding_cache.timeout_ms >= self.triton.timeout_ms:
+            raise ValueError(
+                f"embedding_cache.timeout_ms ({self.embedding_cache.timeout_ms:g}) must be "
+                f"below triton.timeout_ms ({self.triton.timeout_ms:g}): the cache's Redis "
+                "reads run inside the ranker call the gateway waits for"
+            )
+        return self
 
     @model_validator(mode="after")
     def _canary_needs_a_version(self) -> Settings:

@@ -2,37 +2,52 @@
 
 Requests are strict: unknown fields, a string where a number belongs (``"user_id": "1"``) and
 a boolean where an id belongs are rejected with 422 naming the field, and every id fits the
-int64 the stages compute with.
+int64 the stages compute with (``INT64_MAX``).
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-INT64_MAX = 2**63 - 1
+# The largest id accepted: a round bound just under int64's 2**63 - 1 (9.22e18) that is exactly
+# a double whose shortest decimal form is itself, so every JSON parser, including those that
+# read numbers as doubles, agrees with the server on which ids pass.
+INT64_MAX = 9_200_000_000_000_000_000
 
-Scalar = str | int | float | bool
-ItemId = Annotated[int, Field(ge=0, le=INT64_MAX)]
+
+def _number_not_text(value: object) -> object:
+    """JSON numbers only: ``"1"`` and ``true`` are not ids (``3.0`` is, as in JSON Schema)."""
+    if isinstance(value, str | bool):
+        raise ValueError("must be a JSON number, not a string or a boolean")
+    return value
+
+
+# integers given as JSON numbers; the bounds stand before the validator so that the OpenAPI
+# document states them as minimum/maximum
+_NUMBER = BeforeValidator(_number_not_text)
+Id = Annotated[int, Field(ge=0, le=INT64_MAX), _NUMBER]
+Version = Annotated[int, Field(ge=1, le=INT64_MAX), _NUMBER]
+Count = Annotated[int, Field(ge=1, le=500), _NUMBER]
+Text = Annotated[str, Field(max_length=256)]
+Scalar = Text | int | float | bool
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid")
 
 
 class RecommendRequest(_Strict):
-    user_id: int = Field(
-        ge=0, le=INT64_MAX, description="The user to recommend for; unknown users get a cold start."
+    user_id: Id = Field(description="The user to recommend for; unknown users get a cold start.")
+    k: Count = Field(20, description="How many items to return.")
+    context: dict[Annotated[str, Field(max_length=64)], Scalar] = Field(
+        default_factory=dict, max_length=32, description="Flat key/value request context."
     )
-    k: int = Field(20, ge=1, le=500, description="How many items to return.")
-    context: dict[str, Scalar] = Field(default_factory=dict, max_length=32)
-    exclude: list[ItemId] = Field(
+    exclude: list[Id] = Field(
         default_factory=list, max_length=1000, description="Item ids never to return."
     )
-    model_version: int | None = Field(
-        None, ge=1, le=INT64_MAX, description="Pin a served model version."
-    )
+    model_version: Version | None = Field(None, description="Pin a served model version.")
 
 
 class ScoredItem(BaseModel):
@@ -51,13 +66,11 @@ class RecommendResponse(BaseModel):
 
 
 class FeedbackEvent(_Strict):
-    user_id: int = Field(ge=0, le=INT64_MAX)
-    item_id: ItemId
+    user_id: Id
+    item_id: Id
     type: Literal["impression", "click"]
-    model_version: int | None = Field(None, ge=1, le=INT64_MAX)
-    timestamp: int | None = Field(
-        None, ge=0, le=INT64_MAX, description="Unix seconds; default: receive time."
-    )
+    model_version: Version | None = None
+    timestamp: Id | None = Field(None, description="Unix seconds; default: receive time.")
     event_id: str | None = Field(
         None,
         pattern=r"^[A-Za-z0-9_.:-]{1,64}$",

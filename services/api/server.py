@@ -16,15 +16,12 @@ Keep-alive idle time and the graceful-shutdown timeout are uvicorn's own options
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import Any, ClassVar
 
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from services.settings import ServerSettings, Settings
-
-log = logging.getLogger(__name__)
 
 
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
@@ -98,32 +95,31 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self.transport.close()
 
 
-def server_config(app: Any, host: str, port: int, settings: Settings, **options: Any) -> Any:
-    """A uvicorn Config with the guarded protocol and the settings' limits."""
+def server_options(settings: Settings) -> dict[str, Any]:
+    """uvicorn options: the guarded protocol and the settings' limits. Worker processes
+    (``--workers``) read the limits from the same CASCADE_* environment."""
     GuardedHttpToolsProtocol.configured = settings.server
-    return uvicorn.Config(
-        app,
-        host=host,
-        port=port,
-        http=GuardedHttpToolsProtocol,
-        timeout_keep_alive=int(settings.server.keep_alive_s),
-        timeout_graceful_shutdown=int(settings.server.graceful_shutdown_s),
-        log_level="warning",
-        access_log=False,
-        **options,
-    )
+    return {
+        "http": GuardedHttpToolsProtocol,
+        "timeout_keep_alive": settings.server.keep_alive_s,
+        "timeout_graceful_shutdown": settings.server.graceful_shutdown_s,
+        "log_level": "warning",
+        "access_log": False,
+    }
+
+
+def server_config(app: Any, host: str, port: int, settings: Settings) -> uvicorn.Config:
+    """A uvicorn Config for ``app`` (tests run it in a thread)."""
+    return uvicorn.Config(app, host=host, port=port, **server_options(settings))
 
 
 def serve(host: str, port: int, workers: int, settings: Settings) -> None:
     """Run the gateway (the app factory of services.api.app) until SIGINT/SIGTERM."""
-    config = server_config(
-        "services.api.app:create_app", host, port, settings, factory=True, workers=workers
+    uvicorn.run(
+        "services.api.app:create_app",
+        factory=True,
+        host=host,
+        port=port,
+        workers=workers,
+        **server_options(settings),
     )
-    server = uvicorn.Server(config)
-    if workers > 1:
-        from uvicorn.supervisors import Multiprocess
-
-        sock = config.bind_socket()
-        Multiprocess(config, target=server.run, sockets=[sock]).run()
-    else:
-        server.run()

@@ -154,7 +154,7 @@ class RedisStore(OnlineStore):
 
     async def durability(self) -> Durability:
         try:
-            config = await self.client.config_get("append*")
+            config: Any = await self.client.config_get("append*")
             settings = {_text(k): _text(v) for k, v in config.items()}
             aof, fsync = settings.get("appendonly") == "yes", settings.get("appendfsync", "?")
         except ResponseError:  # CONFIG disabled (managed Redis): INFO still says it

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from fastapi import APIRouter, Response
+from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from services.api.deps import GatewayDep
@@ -17,7 +18,10 @@ async def live() -> dict[str, str]:
     return {"status": "live"}
 
 
-@router.get("/health/ready")
+@router.get(
+    "/health/ready",
+    responses={503: {"description": "No release is loaded: no answer is possible at all."}},
+)
 async def ready(gateway: GatewayDep, response: Response) -> dict[str, object]:
     """Ready when an answer is possible at all (a release is loaded); dependencies and what
     degrades the answers are reported, not turned into 503 (a fleet whose Redis came back
@@ -34,10 +38,11 @@ async def ready(gateway: GatewayDep, response: Response) -> dict[str, object]:
         "online_store": monitor.state if monitor is not None else "unknown",
         "feedback_durable": durability.durable if durability is not None else None,
         "feedback_refused": gateway.feedback_refusal,
+        "release_problems": list(gateway.release_problems),
     }
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=PlainTextResponse)
 async def metrics() -> Response:
     # rendering runs in a worker thread: a large registry never stalls the event loop
     body = await asyncio.to_thread(generate_latest)

@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from services.api.app import create_app
+from services.api.schemas import INT64_MAX
 from services.settings import Settings
 
 
@@ -33,6 +34,7 @@ async def client(exported: Path) -> AsyncIterator[httpx.AsyncClient]:
         ({"user_id": 1, "exclude": [True, False]}, "exclude"),  # nor of booleans
         ({"user_id": 1, "k": "5"}, "k"),
         ({"user_id": 1.5}, "user_id"),
+        ({"user_id": 1, "k": True}, "k"),
     ],
 )
 async def test_out_of_range_or_mistyped_ids_are_422_naming_the_field(
@@ -45,7 +47,7 @@ async def test_out_of_range_or_mistyped_ids_are_422_naming_the_field(
 
 async def test_the_largest_int64_ids_are_served(client: httpx.AsyncClient) -> None:
     response = await client.post(
-        "/v1/recommend", json={"user_id": 2**63 - 1, "k": 3, "exclude": [2**63 - 1]}
+        "/v1/recommend", json={"user_id": INT64_MAX, "k": 3, "exclude": [INT64_MAX, 5.0]}
     )
     assert response.status_code == 200 and len(response.json()["items"]) == 3
 
