@@ -110,7 +110,7 @@ def ensure_release(name: str) -> Path:
 def start_redis(stack: list[subprocess.Popen[bytes]], directory: Path) -> str:
     if os.environ.get("CASCADE_REDIS__URL"):
         return os.environ["CASCADE_REDIS__URL"]
-    url, process = start_redis_server(directory)
+    url, process = start_redis_server(directory, persist=True)  # as production: AOF on
     stack.append(process)
     return url
 
