@@ -13,6 +13,7 @@ import logging
 import signal
 import sys
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -272,31 +273,34 @@ def _run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _commands() -> dict[str, tuple[Callable[[Any], None], Callable[[argparse.Namespace], int]]]:
+    """Every subcommand: name -> (add its parser, run it). Commands of other modules are
+    imported lazily by their run function, so `cascade --help` stays fast."""
+    return {
+        "train": (_train_parser, _run_train),
+        "serve": (_serve_parser, _run_serve),
+        "materialize": (_materialize_parser, _run_materialize),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="cascade", description="Cascade: multi-stage recommendation."
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    _train_parser(commands)
-    _serve_parser(commands)
-    _materialize_parser(commands)
+    table = _commands()
+    for add_parser, _ in table.values():
+        add_parser(commands)
     args = parser.parse_args(argv)
     if args.command == "serve":  # a line per state change and one when ready, with times
         logging.basicConfig(
             level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
         )
     try:
-        if args.command == "train":
-            return _run_train(args)
-        if args.command == "serve":
-            return _run_serve(args)
-        if args.command == "materialize":
-            return _run_materialize(args)
+        return table[args.command][1](args)
     except (CascadeError, ValidationError) as error:
         print(f"cascade: error: {redact_text(str(error))}", file=sys.stderr)
         return 2
-    parser.error(f"unknown command {args.command}")
-    return 2
 
 
 if __name__ == "__main__":
