@@ -6,9 +6,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from services.inference.models import QueryTowerModel
-
-# Tensors cross the stub boundary through DLPack: the stub shipped in the nvidia-pytriton
-# wheel reads and writes numpy 2 arrays incorrectly through as_numpy()/Tensor().
+from services.inference.triton_python import input_array, output_tensor
 
 
 class TritonPythonModel:
@@ -20,14 +18,12 @@ class TritonPythonModel:
         responses = []
         for request in requests:  # one response per request; errors reported per request
             try:
-                features = np.from_dlpack(
-                    pb_utils.get_input_tensor_by_name(request, "user_features")
-                )
-                history = np.from_dlpack(pb_utils.get_input_tensor_by_name(request, "history"))
+                features = input_array(pb_utils.get_input_tensor_by_name(request, "user_features"))
+                history = input_array(pb_utils.get_input_tensor_by_name(request, "history"))
                 embedding = self.model.encode(features, history).astype(np.float32)
                 responses.append(
                     pb_utils.InferenceResponse(
-                        [pb_utils.Tensor.from_dlpack("embedding", embedding)]
+                        [output_tensor(pb_utils.Tensor, "embedding", embedding)]
                     )
                 )
             except Exception as error:

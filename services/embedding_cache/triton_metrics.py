@@ -1,0 +1,70 @@
+"""The embedding cache's counters on Triton's metrics port, when the ranker runs in Triton.
+
+Inside a python-backend stub the cache counts into this process's ``prometheus_client``
+registry, which no ``/metrics`` serves. ``TritonMetricsMirror`` copies those counters, as
+increments, into Triton custom metrics (``pb_utils.MetricFamily``) of the same names and
+label sets, served by Triton beside ``nv_inference_*``. Every instance of the ranker adds its
+own increments to the same series. It syncs from ``execute`` at most every ``interval_s``
+(each increment is a round trip to the server), so the port lags by up to that much traffic.
+The latency histogram stays in process (Triton's ``nv_inference_*`` durations cover it).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from prometheus_client import Counter
+
+from services.embedding_cache.metrics import DEFAULTS, EVICTIONS, LOOKUPS
+
+COUNTERS = (LOOKUPS, EVICTIONS, DEFAULTS)
+
+
+class TritonMetricsMirror:
+    """Copies ``counters`` into Triton COUNTER families through ``pb_utils``."""
+
+    def __init__(
+        self, pb_utils: Any, counters: Sequence[Counter] = COUNTERS, interval_s: float = 1.0
+    ) -> None:
+        self.pb_utils = pb_utils
+        self.counters = list(counters)
+        self.interval_s = interval_s
+        self.families: dict[str, Any] = {}
+        self.metrics: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
+        self.sent: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        self.last_sync = float("-inf")
+
+    def _metric(self, name: str, documentation: str, labels: dict[str, str]) -> Any:
+        key = (name, tuple(sorted(labels.items())))
+        metric = self.metrics.get(key)
+        if metric is None:
+            family = self.families.get(name)
+            if family is None:
+                family = self.families[name] = self.pb_utils.MetricFamily(
+                    name=name,
+                    description=documentation,
+                    kind=self.pb_utils.MetricFamily.COUNTER,
+                )
+            metric = self.metrics[key] = family.Metric(labels=labels)
+            self.sent[key] = 0.0
+        return metric
+
+    def sync(self, force: bool = False) -> None:
+        """Send what the counters gained since the last sync (when ``interval_s`` passed)."""
+        now = time.monotonic()
+        if not force and now - self.last_sync < self.interval_s:
+            return
+        self.last_sync = now
+        for counter in self.counters:
+            for family in counter.collect():
+                for sample in family.samples:
+                    if not sample.name.endswith("_total"):
+                        continue  # the _created timestamps
+                    metric = self._metric(sample.name, family.documentation, sample.labels)
+                    key = (sample.name, tuple(sorted(sample.labels.items())))
+                    delta = sample.value - self.sent[key]
+                    if delta > 0:
+                        metric.increment(delta)
+                        self.sent[key] = sample.value

@@ -1,0 +1,98 @@
+"""Helpers of the Triton model.py files: output tensors and the cache's metrics mirror."""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from typing import Any, ClassVar
+
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry, Counter
+
+from services.embedding_cache.triton_metrics import TritonMetricsMirror
+from services.inference.triton_python import input_array, output_tensor
+
+_set_name = ctypes.pythonapi.PyCapsule_SetName
+_set_name.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+
+class StubTensor:
+    """Consumes a DLPack producer the way the wheel's python-backend stub does: takes the
+    capsule, renames it ``used_dlpack`` and keeps the data."""
+
+    def __init__(self, name: str, capsule: Any, data: np.ndarray) -> None:
+        self.name, self.capsule, self.data = name, capsule, data
+
+    @classmethod
+    def from_dlpack(cls, name: str, producer: Any) -> StubTensor:
+        capsule = producer.__dlpack__(stream=None)
+        data = np.from_dlpack(producer).copy()
+        _set_name(capsule, b"used_dlpack")
+        return cls(name, capsule, data)
+
+
+def test_an_output_tensor_consumed_by_the_stub_raises_nothing_when_freed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    unraisable: list[Any] = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    array = np.arange(6, dtype=np.float32).reshape(3, 2)
+    tensor = output_tensor(StubTensor, "score", array)
+    np.testing.assert_array_equal(tensor.data, array)
+    del tensor  # the capsule's destructor runs here
+    assert unraisable == []
+    # what model.py did before: a numpy capsule's destructor fails on the stub's rename
+    StubTensor.from_dlpack("score", array)
+    assert unraisable and "incorrect name" in str(unraisable[0].exc_value)
+
+
+def test_input_array_reads_a_dlpack_tensor() -> None:
+    array = np.arange(4, dtype=np.int64)
+    np.testing.assert_array_equal(input_array(array), array)
+
+
+class FakeMetric:
+    def __init__(self) -> None:
+        self.value = 0.0
+
+    def increment(self, value: float) -> None:
+        self.value += value
+
+
+class FakeFamily:
+    COUNTER = "counter"
+    created: ClassVar[dict[str, FakeFamily]] = {}
+
+    def __init__(self, name: str, description: str, kind: str) -> None:
+        assert kind == self.COUNTER
+        self.name, self.metrics = name, {}
+        FakeFamily.created[name] = self
+
+    def Metric(self, labels: dict[str, str]) -> FakeMetric:  # noqa: N802 (pb_utils' name)
+        return self.metrics.setdefault(tuple(sorted(labels.items())), FakeMetric())
+
+
+class FakePbUtils:
+    MetricFamily = FakeFamily
+
+
+def test_the_mirror_sends_what_counters_gained_with_their_names_and_labels() -> None:
+    FakeFamily.created = {}
+    lookups = Counter(
+        "cascade_embedding_cache_lookups_total", "doc", ["tier", "result"], registry=None
+    )
+    registry = CollectorRegistry()
+    registry.register(lookups)
+    mirror = TritonMetricsMirror(FakePbUtils(), [lookups], interval_s=3600)
+    lookups.labels(tier="device", result="hit").inc(5)
+    mirror.sync()
+    lookups.labels(tier="device", result="hit").inc(2)
+    lookups.labels(tier="host", result="miss").inc(1)
+    mirror.sync()  # within the interval: nothing sent
+    family = FakeFamily.created["cascade_embedding_cache_lookups_total"]
+    assert family.metrics[(("result", "hit"), ("tier", "device"))].value == 5
+    mirror.sync(force=True)
+    assert family.metrics[(("result", "hit"), ("tier", "device"))].value == 7
+    assert family.metrics[(("result", "miss"), ("tier", "host"))].value == 1
+    assert set(FakeFamily.created) == {"cascade_embedding_cache_lookups_total"}
