@@ -1,8 +1,9 @@
 """Inference on a Triton server (HTTP or gRPC, asyncio clients): the same two models,
-addressed by name and version."""
+addressed by name and version; model control (load/unload) with the server's control key."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -10,16 +11,24 @@ import numpy as np
 from services.inference.backends import QUERY_TOWER, RANKER, InferenceBackend
 
 _TRITON_TYPES = {np.dtype(np.int64): "INT64", np.dtype(np.float32): "FP32"}
+# Header that Triton's restricted APIs check (see services.triton_server); over gRPC the
+# server expects it as metadata key GRPC_METADATA_PREFIX + CONTROL_KEY_HEADER.
+CONTROL_KEY_HEADER = "triton-control-key"
+GRPC_METADATA_PREFIX = "triton-grpc-protocol-"
 
 
 class TritonBackend(InferenceBackend):
     """``tritonclient`` asyncio client; one ``infer`` per call."""
 
-    def __init__(self, url: str, protocol: str = "http") -> None:
+    def __init__(self, url: str, protocol: str = "http", control_key: str | None = None) -> None:
         self.url = url
         self.protocol = protocol
+        self._control_key = control_key
         self._client: Any = None
         self._module: Any = None
+
+    def __repr__(self) -> str:  # never shows the control key
+        return f"TritonBackend({self.url!r}, {self.protocol!r})"
 
     async def start(self, versions: list[int]) -> None:
         if self.protocol == "grpc":
@@ -38,6 +47,26 @@ class TritonBackend(InferenceBackend):
 
     async def ready(self, model: str, version: int) -> bool:
         return bool(await self._client.is_model_ready(model, str(version)))
+
+    def _control_headers(self) -> dict[str, str]:
+        if self._client is None:
+            raise RuntimeError("TritonBackend.start() was not called")
+        if not self._control_key:
+            return {}
+        prefix = GRPC_METADATA_PREFIX if self.protocol == "grpc" else ""
+        return {prefix + CONTROL_KEY_HEADER: self._control_key}
+
+    async def load_model(self, model: str, config: dict | None = None) -> None:
+        """(Re)load ``model`` (explicit model control), optionally with an override config;
+        sends the control key. Raises the client's exception when the server refuses."""
+        headers = self._control_headers()
+        await self._client.load_model(
+            model, headers=headers, config=json.dumps(config) if config else None
+        )
+
+    async def unload_model(self, model: str) -> None:
+        """Unload ``model`` (explicit model control); sends the control key."""
+        await self._client.unload_model(model, headers=self._control_headers())
 
     async def _infer(
         self, model: str, version: int, inputs: dict[str, np.ndarray], outputs: list[str]

@@ -1,0 +1,372 @@
+"""The Triton server `cascade serve --triton` launches: loopback only, model control behind a
+key, dies with its parent, refuses taken ports and foreign servers, restarts when killed under
+a running gateway, a clean and bounded log, and the embedding cache's metrics on its port."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+from threading import Thread
+
+import httpx
+import numpy as np
+import pytest
+
+from services.api.app import create_app
+from services.child_process import listening_addresses
+from services.embedding_cache.backing import RedisRows
+from services.gateway import Gateway
+from services.inference.triton import CONTROL_KEY_HEADER, TritonBackend
+from services.local_redis import free_port
+from services.materialize import materialize_embeddings
+from services.settings import BreakerSettings, Settings, TritonSettings
+from services.triton_server import TritonServer, TritonUnavailable, wheel_directory
+from tests.conftest import redis_url
+
+pytestmark = pytest.mark.integration
+LOG_BOUND = 4096
+
+
+def _server(repository: Path, log: Path, **options: object) -> TritonServer:
+    try:
+        wheel_directory()
+    except TritonUnavailable as error:
+        pytest.skip(f"Triton cannot run here: {error}")
+    return TritonServer(
+        repository,
+        http_port=free_port(),
+        grpc_port=free_port(),
+        metrics_port=free_port(),
+        log_file=log,
+        **options,  # type: ignore[arg-type]
+    )
+
+
+@pytest.fixture(scope="module")
+def triton(exported: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
+    """One server whose ranker reads through the embedding cache on the test Redis, with a
+    small log bound."""
+    url = redis_url(db=12)
+    if url is None:
+        pytest.skip("no Redis answers (set CASCADE_TEST_REDIS_ADDRESS)")
+    rows = RedisRows(url, "cascade", timeout_s=5.0)
+    materialize_embeddings(rows, exported / "model_repository", 1)
+    rows.close()
+    server = _server(
+        exported / "model_repository",
+        tmp_path_factory.mktemp("triton") / "triton.log",
+        env={"CASCADE_REDIS__URL": url},
+        log_max_bytes=LOG_BOUND,
+        log_backups=2,
+    )
+    server.start(timeout_s=120)
+    yield server
+    server.stop()
+
+
+def _post(server: TritonServer, path: str, body: dict, key: str | None = None) -> int:
+    headers = {"Content-Type": "application/json"}
+    if key is not None:
+        headers[CONTROL_KEY_HEADER] = key
+    request = urllib.request.Request(
+        f"http://{server.http_url}{path}",
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers=headers,
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as error:
+        return int(error.code)
+
+
+def test_model_control_needs_the_key(triton: TritonServer) -> None:
+    attack = {  # upload a model.py and have the server run it
+        "parameters": {
+            "config": json.dumps({"backend": "python", "max_batch_size": 0}),
+            "file:1/model.py": base64.b64encode(b"import os; os._exit(3)").decode(),
+        }
+    }
+    assert _post(triton, "/v2/repository/models/evil/load", attack) == 403
+    assert _post(triton, "/v2/repository/models/evil/load", attack, key="wrong") == 403
+    assert _post(triton, "/v2/repository/models/ranker/unload", {}) == 403
+    assert _post(triton, "/v2/repository/index", {}) == 403
+    assert _post(triton, "/v2/repository/index", {}, key=triton.control_key) == 200
+    triton.load("query_tower")  # sends the key
+    assert triton._get("/v2/models/ranker/ready") == 200  # the refused unload did nothing
+    assert triton._get("/v2/models/evil/ready") != 200
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+async def test_the_backend_loads_and_unloads_with_the_key(
+    triton: TritonServer, protocol: str
+) -> None:
+    from tritonclient.utils import InferenceServerException
+
+    url = triton.http_url if protocol == "http" else f"127.0.0.1:{triton.grpc_port}"
+    keyless = TritonBackend(url, protocol)
+    await keyless.start([1])
+    with pytest.raises(InferenceServerException, match="restricted"):
+        await keyless.unload_model("query_tower")
+    await keyless.close()
+    backend = TritonBackend(url, protocol, control_key=triton.control_key)
+    await backend.start([1])
+    try:
+        await backend.unload_model("query_tower")
+        assert not await backend.ready("query_tower", 1)
+        await backend.load_model("query_tower")
+        assert await backend.ready("query_tower", 1)
+    finally:
+        await backend.close()
+
+
+def test_every_port_is_bound_to_loopback_only(triton: TritonServer) -> None:
+    assert triton.process is not None
+    bound = listening_addresses(triton.process.pid)
+    assert {port for _, port in bound} >= set(triton.ports.values())
+    assert {address for address, _ in bound} == {"127.0.0.1"}
+
+
+def test_a_default_wildcard_command_is_gone(triton: TritonServer, tmp_path: Path) -> None:
+    command = triton.command(tmp_path)
+    for name in ("http", "grpc", "metrics"):
+        assert f"--{name}-address=127.0.0.1" in command
+
+
+def test_requests_add_no_tracebacks_and_the_log_stays_bounded(triton: TritonServer) -> None:
+    import asyncio
+
+    async def requests() -> None:
+        backend = TritonBackend(triton.http_url)
+        await backend.start([1])
+        rng = np.random.default_rng(0)
+        for _ in range(20):
+            scores, _ = await backend.rank(
+                1, rng.integers(0, 50, (30, 10)), np.zeros((30, 26), np.float32)
+            )
+            assert scores.shape == (30, 1)
+            await backend.encode_query(1, np.zeros((1, 5), np.int64), np.zeros((1, 20), np.int64))
+        await backend.close()
+
+    asyncio.run(requests())
+    assert triton.log_file is not None
+    files = sorted(triton.log_file.parent.glob(f"{triton.log_file.name}*"))
+    text = "".join(f.read_text(errors="replace") for f in files)
+    assert "Traceback" not in text and "PyCapsule" not in text
+    assert len(files) == 3  # the start-up output alone crosses the bound: rotated
+    assert all(f.stat().st_size <= LOG_BOUND for f in files)
+    assert triton.control_key not in text
+
+
+def test_the_embedding_cache_counts_on_the_metrics_port(triton: TritonServer) -> None:
+    import asyncio
+
+    async def requests() -> None:
+        backend = TritonBackend(triton.http_url)
+        await backend.start([1])
+        rng = np.random.default_rng(1)
+        for _ in range(3):
+            await backend.rank(1, rng.integers(0, 50, (30, 10)), np.zeros((30, 26), np.float32))
+        await backend.close()
+
+    asyncio.run(requests())
+    url = f"http://127.0.0.1:{triton.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        text = response.read().decode()
+    lookups = [
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("cascade_embedding_cache_lookups_total{")
+    ]
+    assert lookups and sum(lookups) > 0
+
+
+def test_a_taken_port_is_refused_naming_it(exported: Path, tmp_path: Path) -> None:
+    server = _server(exported / "model_repository", tmp_path / "triton.log")
+    with socket.socket() as orphan:
+        orphan.bind(("0.0.0.0", server.grpc_port))  # e.g. an orphan on every interface
+        orphan.listen()
+        with pytest.raises(TritonUnavailable, match=rf"grpc port 127\.0\.0\.1:{server.grpc_port}"):
+            server.start()
+    assert server.process is None  # nothing was launched
+
+
+def test_a_server_answering_on_our_port_that_we_did_not_launch_is_refused(
+    exported: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Ready(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = _server(exported / "model_repository", tmp_path / "triton.log")
+    foreign = HTTPServer(("127.0.0.1", server.http_port), Ready)
+    Thread(target=foreign.serve_forever, daemon=True).start()
+    monkeypatch.setattr(TritonServer, "check_ports", lambda self: None)  # lost the race
+    try:
+        with pytest.raises(TritonUnavailable, match="not the tritonserver this process launched"):
+            server.start(timeout_s=120)
+        assert server.process is not None and server.process.poll() is not None
+    finally:
+        foreign.shutdown()
+        foreign.server_close()
+
+
+def test_an_early_exit_is_an_error(exported: Path, tmp_path: Path) -> None:
+    server = _server(tmp_path / "no-such-repository", tmp_path / "triton.log")
+    with pytest.raises(TritonUnavailable, match="exited with code"):
+        server.start(timeout_s=120)
+    with pytest.raises(TritonUnavailable, match="already started"):
+        TritonServer.start(_started(server))
+
+
+def _started(server: TritonServer) -> TritonServer:
+    server._supervisor = Thread(target=lambda: None)
+    return server
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(p) for p in (task / "children").read_text().split()]
+    return found
+
+
+def test_killing_cascade_serve_takes_its_triton_down(exported: Path, tmp_path: Path) -> None:
+    try:
+        wheel_directory()
+    except TritonUnavailable as error:
+        pytest.skip(f"Triton cannot run here: {error}")
+    port, triton_port = free_port(), free_port()
+    while triton_port + 2 in (port,) or any(_taken(p) for p in (triton_port + 1, triton_port + 2)):
+        triton_port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CASCADE_")}
+    serve = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "services.cli", "serve", "--triton"),
+            *("--artifacts", str(exported), "--port", str(port)),
+            *("--triton-http-port", str(triton_port)),
+        ],
+        env={**env, "CASCADE_ARTIFACTS": str(exported)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert serve.poll() is None, "cascade serve exited"
+            assert time.monotonic() < deadline, "gateway not up"
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        (triton_pid,) = [p for p in _children(serve.pid) if "tritonserver" in _cmdline(p)]
+        assert _alive(triton_pid)
+        serve.kill()
+        serve.wait()
+        deadline = time.monotonic() + 30
+        while _alive(triton_pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _alive(triton_pid)
+        assert not _taken(triton_port)
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+            serve.wait()
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text()
+    except OSError:
+        return ""
+
+
+def _taken(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+async def _client(settings: Settings) -> AsyncIterator[tuple[httpx.AsyncClient, Gateway]]:
+    gateway = Gateway(settings)
+    app = create_app(gateway=gateway)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://g") as http,
+    ):
+        yield http, gateway
+
+
+async def test_a_triton_killed_under_the_gateway_is_restarted_and_reaped(
+    exported: Path, tmp_path: Path
+) -> None:
+    import asyncio
+
+    server = _server(exported / "model_repository", tmp_path / "triton.log", restart_backoff_s=0.2)
+    server.start(timeout_s=120)
+    settings = Settings(
+        artifacts=exported,
+        triton=TritonSettings(
+            url=server.http_url, timeout_ms=3000, breaker=BreakerSettings(reset_s=0.5)
+        ),
+    )
+    try:
+        async for http, _ in _client(settings):
+            assert not (await http.post("/v1/recommend", json={"user_id": 3})).json()["degraded"]
+            assert server.process is not None
+            old = server.process.pid
+            stubs = [p for p in _group(old) if p != old]
+            os.kill(old, signal.SIGKILL)
+            body = (await http.post("/v1/recommend", json={"user_id": 3, "k": 10})).json()
+            assert body["degraded"] and any(r.startswith("scoring:") for r in body["reasons"])
+            deadline = time.monotonic() + 180
+            while True:
+                body = (await http.post("/v1/recommend", json={"user_id": 3})).json()
+                if not body["degraded"]:
+                    break
+                assert time.monotonic() < deadline, body["reasons"]
+                await asyncio.sleep(0.5)
+            assert server.process.pid != old and server.restarts == 1
+            assert not Path(f"/proc/{old}").exists()  # reaped, not a zombie
+            assert not any(_alive(p) for p in stubs)  # its stubs went with it
+    finally:
+        server.stop()
+    assert server.process is not None and server.process.poll() is not None
+
+
+def _group(pgid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid:
+                found.append(int(entry.name))
+    return found
