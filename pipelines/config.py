@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+# The pipeline's steps, in order (here, not in pipelines.pipeline, so that the CLI can list
+# them without importing the training stack).
+STEPS = ("prepare", "retrieval", "ranking", "export")
+
 
 class TrainConfig(BaseModel):
     """Hyper-parameters and sizes; defaults train MovieLens-100K in about a minute on 2 cores."""

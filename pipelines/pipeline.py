@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from pipelines.config import TrainConfig
+from pipelines.config import STEPS, TrainConfig
 from pipelines.data.movielens import load_movielens_100k
 from pipelines.data.schema import RawDataset
 from pipelines.data.synthetic import make_synthetic
@@ -22,7 +22,6 @@ from pipelines.prepare import prepare
 from pipelines.training.ranking import run_ranking
 from pipelines.training.retrieval import run_retrieval
 
-STEPS = ("prepare", "retrieval", "ranking", "export")
 DATASET_INFO = "dataset.json"
 
 

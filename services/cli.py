@@ -43,7 +43,7 @@ def _add_config_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _train_parser(commands: Any) -> None:
-    from pipelines.pipeline import STEPS
+    from pipelines.config import STEPS
 
     parser = commands.add_parser(
         "train",

@@ -15,6 +15,7 @@ import numpy as np
 from pipelines.features.spec import USER_TOWER_COLUMNS
 from services.context import RequestContext
 from services.errors import FeedbackNotDurable, NotReady
+from services.impressions import ImpressionLog
 from services.inference.backends import InferenceBackend, LocalBackend
 from services.materialize import materialize
 from services.recommender import Recommender
@@ -39,7 +40,7 @@ log = logging.getLogger(__name__)
 def make_store(settings: Settings) -> OnlineStore:
     if settings.redis.url:
         return RedisStore(settings.redis.url, settings.redis.namespace)
-    return InMemoryStore()
+    return InMemoryStore(settings.streams_dir)
 
 
 def make_backend(settings: Settings) -> InferenceBackend:
@@ -70,6 +71,7 @@ class Gateway:
         self.triton_breaker = CircuitBreaker("triton", settings.triton.breaker)
         self.recommender: Recommender | None = None
         self.store_monitor: StoreMonitor | None = None
+        self.impressions: ImpressionLog | None = None
 
     @property
     def ready(self) -> bool:
@@ -98,6 +100,8 @@ class Gateway:
         await self.store_monitor.check()
         self._check_durability(self.store_monitor.durability)
         self.store_monitor.start()
+        self.impressions = ImpressionLog(self.store, settings.impressions)
+        self.impressions.start()
         await self.backend.start(sorted(self.releases))
         await self._warm_up()
         redis_s, triton_s = settings.redis.timeout_ms / 1000, settings.triton.timeout_ms / 1000
@@ -174,6 +178,8 @@ class Gateway:
         self.recommender = None
         if self.store_monitor is not None:
             await self.store_monitor.close()
+        if self.impressions is not None:
+            await self.impressions.close()
         await self.backend.close()
         await self.store.close()
 

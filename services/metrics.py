@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Container
+
 from prometheus_client import Counter, Gauge, Histogram
 
 STAGES = ("features", "retrieval", "filtering", "scoring", "ordering")
@@ -17,6 +19,16 @@ REASONS = (
 )
 STORE_STATES = ("ok", "empty", "loading", "unreachable", "unknown")
 OTHER_VERSION = "other"  # the label of a model version this gateway does not serve
+UNATTRIBUTED = "unattributed"  # the label of feedback whose request_id resolves to no version
+
+
+def version_label(version: int | None, served: Container[int]) -> str:
+    """A model_version label value: a version this gateway serves, else one fixed bucket.
+    Label values never come from request bodies."""
+    if version is None:
+        return UNATTRIBUTED
+    return str(version) if version in served else OTHER_VERSION
+
 
 STAGE_LATENCY = Histogram(
     "cascade_stage_latency_seconds",
@@ -40,8 +52,29 @@ RECOMMENDATIONS = Counter(
 )
 FEEDBACK = Counter(
     "cascade_feedback_events_total",
-    "Feedback events stored, per model version (a served version, else 'other') and type.",
+    "Feedback events stored, per model version that served the request (a served version, "
+    "'other', or 'unattributed') and outcome type.",
     ["model_version", "type"],
+)
+IMPRESSION_SETS = Counter(
+    "cascade_impression_sets_total",
+    "Answers logged as impression sets, per model version.",
+    ["model_version"],
+)
+IMPRESSIONS = Counter(
+    "cascade_impressions_total",
+    "Items shown (positions of logged answers), per model version: the CTR denominator.",
+    ["model_version"],
+)
+HITS = Counter(
+    "cascade_hits_total",
+    "Impression sets that got at least one click, per model version: hit rate = hits / sets.",
+    ["model_version"],
+)
+IMPRESSIONS_DROPPED = Counter(
+    "cascade_impressions_dropped_total",
+    "Impression sets not logged, by reason (queue_full, store_error).",
+    ["reason"],
 )
 FEEDBACK_DUPLICATES = Counter(
     "cascade_feedback_duplicates_total",

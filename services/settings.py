@@ -127,6 +127,24 @@ class FeedbackSettings(BaseModel):
     )
 
 
+class ImpressionSettings(BaseModel):
+    """The impression log: every answer, as the training and KPI source of truth."""
+
+    enabled: bool = Field(True, description="Log every /v1/recommend answer.")
+    max_len: int = Field(
+        1_000_000, ge=1000, description="Stream bound (XADD MAXLEN ~): oldest sets trimmed."
+    )
+    attribution_ttl_s: int = Field(
+        7 * 86_400,
+        ge=60,
+        description="How long a request_id resolves to the version that served it.",
+    )
+    queue: int = Field(
+        10_000, ge=10, description="Answers waiting to be logged; beyond, they are dropped."
+    )
+    batch: int = Field(500, ge=1, description="Most impression sets written in one round trip.")
+
+
 class Settings(BaseSettings):
     """Everything the gateway reads at start-up, validated once."""
 
@@ -154,6 +172,12 @@ class Settings(BaseSettings):
     embedding_cache: EmbeddingCacheSettings = EmbeddingCacheSettings()
     server: ServerSettings = ServerSettings()
     feedback: FeedbackSettings = FeedbackSettings()
+    impressions: ImpressionSettings = ImpressionSettings()
+    streams_dir: Path | None = Field(
+        None,
+        description="Embedded default only (no Redis): append feedback and impressions as JSON "
+        "lines here, so they survive a restart and `cascade retrain` can read them.",
+    )
     k_default: int = Field(20, ge=1, le=500)
     k_max: int = Field(500, ge=1, le=500, description="Largest k a request may ask for.")
     candidates: int = Field(300, ge=1, le=5000, description="Retrieval candidate count.")

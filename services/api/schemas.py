@@ -69,8 +69,17 @@ class FeedbackEvent(_Strict):
     user_id: Id
     item_id: Id
     type: Literal["impression", "click"]
-    model_version: Version | None = None
+    model_version: Version | None = Field(
+        None, description="Without request_id: the version the client says it saw."
+    )
     timestamp: Id | None = Field(None, description="Unix seconds; default: receive time.")
+    request_id: str | None = Field(
+        None,
+        pattern=r"^[0-9a-f]{32}$",
+        description="The request_id of the answer this event is about: the event is "
+        "attributed to the model version that served it (resolved by the server; the "
+        "client's model_version is then ignored).",
+    )
     event_id: str | None = Field(
         None,
         pattern=r"^[A-Za-z0-9_.:-]{1,64}$",

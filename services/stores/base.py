@@ -13,7 +13,27 @@ from dataclasses import dataclass, field
 import numpy as np
 
 SCHEMA = 1
-FEEDBACK_FIELDS = ("user_id", "item_id", "type", "model_version", "timestamp", "event_id")
+FEEDBACK_FIELDS = (
+    "user_id",
+    "item_id",
+    "type",
+    "model_version",
+    "timestamp",
+    "event_id",
+    "request_id",
+)
+# One impression set per answer: items and scores space-separated in rank order.
+IMPRESSION_FIELDS = (
+    "request_id",
+    "user_id",
+    "model_version",
+    "items",
+    "scores",
+    "degraded",
+    "timestamp",
+)
+STREAMS = ("feedback", "impressions")
+StreamEntry = tuple[str, dict[str, str]]  # (stream id, fields)
 
 
 @dataclass
@@ -102,6 +122,28 @@ class OnlineStore(ABC):
         appended again (its earlier id is returned)."""
 
     @abstractmethod
+    async def append_impressions(
+        self, records: Sequence[dict[str, str]], max_len: int, ttl_s: int
+    ) -> None:
+        """Append impression sets (``IMPRESSION_FIELDS``) to their stream, trimmed to about
+        ``max_len``, and remember each request's model version for ``ttl_s``."""
+
+    @abstractmethod
+    async def impression_versions(self, request_ids: Sequence[str]) -> list[int | None]:
+        """The model version that served each request (None: unknown or expired)."""
+
+    @abstractmethod
+    async def first_hits(self, request_ids: Sequence[str], ttl_s: int) -> list[bool]:
+        """For each request, True the first time an outcome arrives for it (hit rate)."""
+
+    @abstractmethod
+    async def read_stream(
+        self, name: str, after: str = "0-0", count: int = 10_000
+    ) -> list[StreamEntry]:
+        """Up to ``count`` entries of stream ``name`` (one of ``STREAMS``) with ids after
+        ``after``, oldest first."""
+
+    @abstractmethod
     async def durability(self) -> Durability:
         """Whether acknowledged feedback survives a restart of the store."""
 
@@ -123,6 +165,12 @@ class OnlineStore(ABC):
     @abstractmethod
     async def read_feedback(self, count: int = 1000) -> list[dict[str, str]]:
         """The oldest ``count`` stored events (for KPIs and retraining)."""
+
+
+def stream_id_key(stream_id: str) -> tuple[int, int]:
+    """A stream id ``<ms>-<seq>`` as a sortable pair."""
+    ms, _, seq = stream_id.partition("-")
+    return int(ms), int(seq or 0)
 
 
 def validate_event(event: dict[str, str]) -> dict[str, str]:

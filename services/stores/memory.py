@@ -1,19 +1,31 @@
-"""The embedded default store: process memory, same interface and semantics as Redis."""
+"""The embedded default store: process memory, same interface and semantics as Redis.
+
+With a ``stream_dir`` the two streams (feedback, impressions) are also appended to JSON-lines
+files there (fsynced before a feedback write is acknowledged) and read back at start, so
+that the embedded stack's logged traffic survives a restart and a separate ``cascade
+retrain`` process can read it.
+"""
 
 from __future__ import annotations
 
-import itertools
+import bisect
+import json
+import os
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
 from services.stores.base import (
+    STREAMS,
     Appended,
     Durability,
     OnlineStore,
+    StreamEntry,
     UserLookup,
     UserRecord,
+    stream_id_key,
     validate_event,
 )
 
@@ -21,17 +33,36 @@ from services.stores.base import (
 class InMemoryStore(OnlineStore):
     """Dicts behind the OnlineStore interface (for the zero-setup path and tests)."""
 
-    def __init__(self) -> None:
+    def __init__(self, stream_dir: Path | None = None) -> None:
         self.users: dict[int, UserRecord] = {}
         self.unavailable = np.zeros(0, np.int64)
-        self.feedback: list[tuple[str, dict[str, str]]] = []
-        self._sequence = itertools.count()
+        self.stream_dir = stream_dir
+        self.streams: dict[str, list[StreamEntry]] = {name: [] for name in STREAMS}
+        self._last_id = (0, 0)
         self._event_ids: dict[str, tuple[str, float]] = {}  # event_id -> (stream id, expiry)
+        self._served: dict[str, tuple[int, float]] = {}  # request_id -> (version, expiry)
+        self._hits: dict[str, float] = {}  # request_id -> expiry
         self._marker: dict[str, int] | None = None
         self._locks: dict[str, float] = {}  # name -> expiry
 
+    @property
+    def feedback(self) -> list[StreamEntry]:
+        return self.streams["feedback"]
+
     async def start(self) -> None:
-        return None
+        if self.stream_dir is None:
+            return
+        self.stream_dir.mkdir(parents=True, exist_ok=True)
+        for name in STREAMS:
+            path = self.stream_dir / f"{name}.jsonl"
+            if path.is_file():
+                _drop_torn_tail(path)
+                self.streams[name] = _read_jsonl(path)
+                if self.streams[name]:
+                    self._last_id = max(self._last_id, stream_id_key(self.streams[name][-1][0]))
+        for stream_id, event in self.feedback:
+            if event.get("event_id"):
+                self._event_ids[event["event_id"]] = (stream_id, float("inf"))
 
     async def close(self) -> None:
         return None
@@ -56,12 +87,30 @@ class InMemoryStore(OnlineStore):
     async def set_unavailable(self, item_ids: np.ndarray) -> None:
         self.unavailable = np.unique(np.asarray(item_ids, np.int64))
 
+    def _next_id(self) -> str:
+        """A stream id after every earlier one, ``<ms>-<seq>`` as Redis makes them."""
+        now = int(time.time() * 1000)
+        ms, seq = self._last_id
+        self._last_id = (now, 0) if now > ms else (ms, seq + 1)
+        return f"{self._last_id[0]}-{self._last_id[1]}"
+
+    def _append(self, name: str, entries: list[StreamEntry], max_len: int, sync: bool) -> None:
+        if self.stream_dir is not None and entries:
+            with (self.stream_dir / f"{name}.jsonl").open("a") as out:
+                out.writelines(json.dumps([i, fields]) + "\n" for i, fields in entries)
+                out.flush()
+                if sync:
+                    os.fsync(out.fileno())
+        stream = self.streams[name]
+        stream.extend(entries)
+        del stream[: max(0, len(stream) - max_len)]
+
     async def append_feedback(
         self, events: Sequence[dict[str, str]], max_len: int, idempotency_ttl_s: int
     ) -> Appended:
         checked = [validate_event(e) for e in events]  # all validated before any is stored
         now = time.time()
-        ids, duplicates = [], 0
+        ids, new, duplicates = [], [], 0
         for event in checked:
             event_id = event.get("event_id")
             earlier = self._event_ids.get(event_id) if event_id else None
@@ -69,18 +118,52 @@ class InMemoryStore(OnlineStore):
                 ids.append(earlier[0])
                 duplicates += 1
                 continue
-            stream_id = f"{int(now * 1000)}-{next(self._sequence)}"
-            self.feedback.append((stream_id, event))
+            stream_id = self._next_id()
+            new.append((stream_id, event))
             if event_id:
                 self._event_ids[event_id] = (stream_id, now + idempotency_ttl_s)
             ids.append(stream_id)
-        del self.feedback[: max(0, len(self.feedback) - max_len)]
+        self._append("feedback", new, max_len, sync=True)
         return Appended(ids, duplicates)
 
     async def read_feedback(self, count: int = 1000) -> list[dict[str, str]]:
         return [event for _, event in self.feedback[:count]]
 
+    async def append_impressions(
+        self, records: Sequence[dict[str, str]], max_len: int, ttl_s: int
+    ) -> None:
+        expiry = time.time() + ttl_s
+        entries = [(self._next_id(), dict(record)) for record in records]
+        for _, record in entries:
+            self._served[record["request_id"]] = (int(record["model_version"]), expiry)
+        self._append("impressions", entries, max_len, sync=False)
+
+    async def impression_versions(self, request_ids: Sequence[str]) -> list[int | None]:
+        now = time.time()
+        found = [self._served.get(r) for r in request_ids]
+        return [v[0] if v is not None and v[1] > now else None for v in found]
+
+    async def first_hits(self, request_ids: Sequence[str], ttl_s: int) -> list[bool]:
+        now, first = time.time(), []
+        for request_id in request_ids:
+            seen = self._hits.get(request_id, 0.0) > now
+            if not seen:
+                self._hits[request_id] = now + ttl_s
+            first.append(not seen)
+        return first
+
+    async def read_stream(
+        self, name: str, after: str = "0-0", count: int = 10_000
+    ) -> list[StreamEntry]:
+        if name not in STREAMS:
+            raise ValueError(f"unknown stream {name!r}; one of {STREAMS}")
+        stream = self.streams[name]
+        start = bisect.bisect_right(stream, stream_id_key(after), key=lambda e: stream_id_key(e[0]))
+        return stream[start : start + count]
+
     async def durability(self) -> Durability:
+        if self.stream_dir is not None:
+            return Durability(True, f"append-only files in {self.stream_dir} (fsync per write)")
         return Durability(False, "in-process memory: feedback is lost when the gateway stops")
 
     async def mark_loaded(self, release_version: int, users: int) -> None:
@@ -98,3 +181,23 @@ class InMemoryStore(OnlineStore):
 
     async def unlock(self, name: str) -> None:
         self._locks.pop(name, None)
+
+
+def _drop_torn_tail(path: Path) -> None:
+    """Cut a last line without its newline (a crash mid-write), so appends start clean."""
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        with path.open("r+b") as out:
+            out.truncate(data.rfind(b"\n") + 1)
+
+
+def _read_jsonl(path: Path) -> list[StreamEntry]:
+    """Entries of a stream file; a line that does not parse is skipped."""
+    entries = []
+    for line in path.read_text().splitlines():
+        try:
+            stream_id, fields = json.loads(line)
+        except (ValueError, TypeError):
+            continue
+        entries.append((str(stream_id), {str(k): str(v) for k, v in fields.items()}))
+    return entries

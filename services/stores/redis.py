@@ -18,9 +18,11 @@ from redis.exceptions import ResponseError
 
 from services.stores.base import (
     SCHEMA,
+    STREAMS,
     Appended,
     Durability,
     OnlineStore,
+    StreamEntry,
     UserLookup,
     UserRecord,
     pack_ids,
@@ -151,6 +153,38 @@ class RedisStore(OnlineStore):
     async def read_feedback(self, count: int = 1000) -> list[dict[str, str]]:
         entries: Any = await self.client.xrange(self.key("feedback"), count=count)
         return [{k.decode(): v.decode() for k, v in fields.items()} for _, fields in entries]
+
+    async def append_impressions(
+        self, records: Sequence[dict[str, str]], max_len: int, ttl_s: int
+    ) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        for record in records:
+            pipe.xadd(self.key("impressions"), record, maxlen=max_len, approximate=True)  # type: ignore[arg-type]
+            pipe.set(self.key("served", record["request_id"]), record["model_version"], ex=ttl_s)
+        await pipe.execute()
+
+    async def impression_versions(self, request_ids: Sequence[str]) -> list[int | None]:
+        if not request_ids:
+            return []
+        found = await self.client.mget([self.key("served", r) for r in request_ids])
+        return [None if v is None else int(v) for v in found]
+
+    async def first_hits(self, request_ids: Sequence[str], ttl_s: int) -> list[bool]:
+        pipe = self.client.pipeline(transaction=False)
+        for request_id in request_ids:
+            pipe.set(self.key("hit", request_id), 1, nx=True, ex=ttl_s)
+        return [bool(first) for first in await pipe.execute()]
+
+    async def read_stream(
+        self, name: str, after: str = "0-0", count: int = 10_000
+    ) -> list[StreamEntry]:
+        if name not in STREAMS:
+            raise ValueError(f"unknown stream {name!r}; one of {STREAMS}")
+        entries: Any = await self.client.xrange(self.key(name), min=f"({after}", count=count)
+        return [
+            (i.decode(), {k.decode(): v.decode() for k, v in fields.items()})
+            for i, fields in entries
+        ]
 
     async def durability(self) -> Durability:
         try:

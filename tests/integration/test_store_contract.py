@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,10 +16,12 @@ from tests.conftest import redis_url
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(params=["memory", "redis"])
-async def store(request: pytest.FixtureRequest) -> AsyncIterator[OnlineStore]:
+@pytest.fixture(params=["memory", "memory+files", "redis"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[OnlineStore]:
     if request.param == "memory":
         backend: OnlineStore = InMemoryStore()
+    elif request.param == "memory+files":
+        backend = InMemoryStore(stream_dir=tmp_path / "streams")
     else:
         url = redis_url(db=9)
         if url is None:
@@ -78,13 +81,16 @@ async def test_unavailable_items_come_with_every_lookup(store: OnlineStore) -> N
 
 
 async def test_feedback_is_appended_in_order(store: OnlineStore) -> None:
-    ids = await store.append_feedback(
+    appended = await store.append_feedback(
         [
             {"user_id": "1", "item_id": "5", "type": "impression"},
             {"user_id": "1", "item_id": "5", "type": "click", "model_version": "2"},
-        ]
+        ],
+        max_len=1000,
+        idempotency_ttl_s=60,
     )
-    assert len(ids) == 2 and ids[0] != ids[1]
+    ids = appended.ids
+    assert len(ids) == 2 and ids[0] != ids[1] and appended.duplicates == 0
     events = await store.read_feedback()
     assert [e["type"] for e in events] == ["impression", "click"]
     assert events[1]["model_version"] == "2"
@@ -93,10 +99,89 @@ async def test_feedback_is_appended_in_order(store: OnlineStore) -> None:
 async def test_a_bad_event_stores_nothing_of_its_batch(store: OnlineStore) -> None:
     with pytest.raises(ValueError, match="lacks"):
         await store.append_feedback(
-            [{"user_id": "1", "item_id": "5", "type": "click"}, {"user_id": "1"}]
+            [{"user_id": "1", "item_id": "5", "type": "click"}, {"user_id": "1"}],
+            max_len=1000,
+            idempotency_ttl_s=60,
         )
     assert await store.read_feedback() == []
 
 
 async def test_ping(store: OnlineStore) -> None:
     assert await store.ping()
+
+
+def _impression(request_id: str, version: int, items: str = "5 9 2") -> dict[str, str]:
+    return {
+        "request_id": request_id,
+        "user_id": "1",
+        "model_version": str(version),
+        "items": items,
+        "scores": "0.9 0.5 0.1",
+        "degraded": "0",
+        "timestamp": "1700000000",
+    }
+
+
+async def test_impressions_resolve_their_version_and_read_back_in_order(
+    store: OnlineStore,
+) -> None:
+    await store.append_impressions(
+        [_impression("a" * 32, 1), _impression("b" * 32, 2)], max_len=1000, ttl_s=60
+    )
+    assert await store.impression_versions(["b" * 32, "c" * 32, "a" * 32]) == [2, None, 1]
+    entries = await store.read_stream("impressions")
+    assert [fields["request_id"] for _, fields in entries] == ["a" * 32, "b" * 32]
+    after_first = await store.read_stream("impressions", after=entries[0][0])
+    assert [fields["request_id"] for _, fields in after_first] == ["b" * 32]
+    assert await store.read_stream("impressions", after=entries[1][0]) == []
+    with pytest.raises(ValueError, match="unknown stream"):
+        await store.read_stream("clicks")
+
+
+async def test_only_the_first_outcome_of_a_request_is_a_hit(store: OnlineStore) -> None:
+    assert await store.first_hits(["r1", "r2", "r1"], ttl_s=60) == [True, True, False]
+    assert await store.first_hits(["r2", "r3"], ttl_s=60) == [False, True]
+
+
+async def test_feedback_stream_reads_back_with_ids(store: OnlineStore) -> None:
+    appended = await store.append_feedback(
+        [{"user_id": "1", "item_id": "2", "type": "click", "request_id": "d" * 32}],
+        max_len=1000,
+        idempotency_ttl_s=60,
+    )
+    entries = await store.read_stream("feedback")
+    assert [i for i, _ in entries] == appended.ids
+    assert entries[0][1]["request_id"] == "d" * 32
+
+
+async def test_file_backed_streams_survive_a_restart(tmp_path: Path) -> None:
+    """The embedded default with a stream directory: what was acknowledged is read back by
+    a new process (a restarted gateway, or ``cascade retrain``), torn lines skipped."""
+    first = InMemoryStore(stream_dir=tmp_path)
+    await first.start()
+    appended = await first.append_feedback(
+        [{"user_id": "1", "item_id": "2", "type": "click", "event_id": "e1"}],
+        max_len=1000,
+        idempotency_ttl_s=60,
+    )
+    await first.append_impressions([_impression("a" * 32, 3)], max_len=1000, ttl_s=60)
+    with (tmp_path / "feedback.jsonl").open("a") as out:
+        out.write('["17000')  # a crash in the middle of a line
+    second = InMemoryStore(stream_dir=tmp_path)
+    await second.start()
+    assert [i for i, _ in await second.read_stream("feedback")] == appended.ids
+    assert len(await second.read_stream("impressions")) == 1
+    again = await second.append_feedback(
+        [{"user_id": "1", "item_id": "2", "type": "click", "event_id": "e1"}],
+        max_len=1000,
+        idempotency_ttl_s=60,
+    )
+    assert again.duplicates == 1 and again.ids == appended.ids
+    later = await second.append_feedback(
+        [{"user_id": "1", "item_id": "3", "type": "click"}], max_len=1000, idempotency_ttl_s=60
+    )
+    entries = await second.read_stream("feedback")
+    assert [i for i, _ in entries] == appended.ids + later.ids  # ids keep increasing
+    third = InMemoryStore(stream_dir=tmp_path)
+    await third.start()
+    assert await third.read_stream("feedback") == entries  # nothing lost to the torn line

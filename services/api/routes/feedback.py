@@ -1,4 +1,9 @@
-"""POST /v1/feedback: impressions and clicks, acknowledged only once stored durably."""
+"""POST /v1/feedback: impressions and clicks, acknowledged only once stored durably.
+
+An event that names the ``request_id`` of an answer is attributed to the model version that
+served that answer, resolved from the impression log on the server; metric labels only ever
+take versions this gateway serves (or one fixed bucket), never a value from the body.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +14,43 @@ from fastapi import APIRouter
 from services.api.deps import GatewayDep
 from services.api.schemas import ERROR_RESPONSES, FeedbackRequest, FeedbackResponse
 from services.errors import FeedbackNotDurable
-from services.metrics import FEEDBACK, FEEDBACK_DUPLICATES, OTHER_VERSION
+from services.gateway import Gateway
+from services.metrics import FEEDBACK, FEEDBACK_DUPLICATES, HITS, version_label
 
 router = APIRouter()
+
+
+async def _attribute(gateway: Gateway, body: FeedbackRequest) -> list[int | None]:
+    """The model version of each event: the one that served its request_id when it names
+    one (None when that is unknown or expired), else the client's own claim."""
+    request_ids = sorted({e.request_id for e in body.events if e.request_id})
+    resolved: dict[str, int | None] = {}
+    if request_ids:
+        timeout_s = gateway.settings.redis.timeout_ms / 1000
+        versions = await gateway.redis_breaker.call(
+            lambda: gateway.store.impression_versions(request_ids), timeout_s
+        )
+        resolved = dict(zip(request_ids, versions, strict=True))
+    return [resolved[e.request_id] if e.request_id else e.model_version for e in body.events]
+
+
+async def _count_hits(gateway: Gateway, body: FeedbackRequest, versions: list[int | None]) -> None:
+    """A request's first click makes its impression set a hit (hit rate per version)."""
+    clicked = {
+        e.request_id: v
+        for e, v in zip(body.events, versions, strict=True)
+        if e.type == "click" and e.request_id and v is not None
+    }
+    if not clicked:
+        return
+    ttl_s = gateway.settings.impressions.attribution_ttl_s
+    timeout_s = gateway.settings.redis.timeout_ms / 1000
+    firsts = await gateway.redis_breaker.call(
+        lambda: gateway.store.first_hits(list(clicked), ttl_s), timeout_s
+    )
+    for version, first in zip(clicked.values(), firsts, strict=True):
+        if first:
+            HITS.labels(model_version=version_label(version, gateway.releases)).inc()
 
 
 @router.post("/v1/feedback", response_model=FeedbackResponse, responses=ERROR_RESPONSES)
@@ -19,17 +58,19 @@ async def feedback(body: FeedbackRequest, gateway: GatewayDep) -> FeedbackRespon
     refusal = gateway.feedback_refusal
     if refusal is not None:
         raise FeedbackNotDurable(refusal)
+    versions = await _attribute(gateway, body)
     now = int(time.time())
     events = [
         {
             "user_id": str(e.user_id),
             "item_id": str(e.item_id),
             "type": e.type,
-            "model_version": str(e.model_version or ""),
+            "model_version": "" if version is None else str(version),
             "timestamp": str(e.timestamp or now),
             **({"event_id": e.event_id} if e.event_id else {}),
+            **({"request_id": e.request_id} if e.request_id else {}),
         }
-        for e in body.events
+        for e, version in zip(body.events, versions, strict=True)
     ]
     settings = gateway.settings
     timeout_s = settings.redis.timeout_ms / 1000 * 4  # a durable write may take longer
@@ -39,11 +80,12 @@ async def feedback(body: FeedbackRequest, gateway: GatewayDep) -> FeedbackRespon
         ),
         timeout_s,
     )
-    served = gateway.releases
-    for event in body.events:  # label values only from the versions this gateway serves
-        version = str(event.model_version) if event.model_version in served else OTHER_VERSION
-        FEEDBACK.labels(model_version=version, type=event.type).inc()
+    for event, version in zip(body.events, versions, strict=True):
+        FEEDBACK.labels(
+            model_version=version_label(version, gateway.releases), type=event.type
+        ).inc()
     FEEDBACK_DUPLICATES.inc(appended.duplicates)
+    await _count_hits(gateway, body, versions)
     return FeedbackResponse(
         stored=len(appended.ids) - appended.duplicates,
         duplicates=appended.duplicates,

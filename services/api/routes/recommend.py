@@ -6,6 +6,7 @@ from fastapi import APIRouter
 
 from services.api.deps import GatewayDep
 from services.api.schemas import ERROR_RESPONSES, RecommendRequest, RecommendResponse, ScoredItem
+from services.impressions import impression_record
 
 router = APIRouter()
 
@@ -15,7 +16,15 @@ async def recommend(body: RecommendRequest, gateway: GatewayDep) -> RecommendRes
     ctx, release = await gateway.recommend(
         body.user_id, body.k, body.context, body.exclude, body.model_version
     )
-    ids = release.item_ids[ctx.candidates].tolist()
+    item_ids = release.item_ids[ctx.candidates]
+    if gateway.impressions is not None:
+        gateway.impressions.record(
+            impression_record(
+                ctx.request_id, ctx.user_id, ctx.model_version, item_ids, ctx.scores, ctx.degraded
+            ),
+            gateway.releases.keys(),
+        )
+    ids = item_ids.tolist()
     return RecommendResponse(
         request_id=ctx.request_id,
         user_id=ctx.user_id,

@@ -1,0 +1,108 @@
+"""The impression log: every answer the gateway gives, appended to a bounded stream.
+
+Each ``/v1/recommend`` answer is one impression set ``{request_id, user_id, model_version,
+items, scores, degraded, timestamp}``; the store also remembers which model version served
+each ``request_id`` so that feedback is attributed server side. Logging never fails or slows
+a request beyond a ``put_nowait``: answers wait in a bounded queue that a background task
+writes in batches; what cannot be logged (queue full, store failing) is counted in
+``cascade_impressions_dropped_total{reason}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Container
+
+import numpy as np
+
+from services.metrics import IMPRESSION_SETS, IMPRESSIONS, IMPRESSIONS_DROPPED, version_label
+from services.settings import ImpressionSettings
+from services.stores.base import OnlineStore
+
+log = logging.getLogger(__name__)
+
+
+def impression_record(
+    request_id: str,
+    user_id: int,
+    model_version: int,
+    item_ids: np.ndarray,
+    scores: np.ndarray,
+    degraded: bool,
+) -> dict[str, str]:
+    """One impression set as stream fields (ids and scores space-separated, rank order)."""
+    return {
+        "request_id": request_id,
+        "user_id": str(user_id),
+        "model_version": str(model_version),
+        "items": " ".join(map(str, np.asarray(item_ids).tolist())),
+        "scores": " ".join(f"{s:.6g}" for s in np.asarray(scores).tolist()),
+        "degraded": "1" if degraded else "0",
+        "timestamp": str(int(time.time())),
+    }
+
+
+class ImpressionLog:
+    """Bounded queue + background writer in front of ``store.append_impressions``."""
+
+    def __init__(
+        self, store: OnlineStore, settings: ImpressionSettings, timeout_s: float = 1.0
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self.timeout_s = timeout_s
+        self._queue: asyncio.Queue[dict[str, str]] = asyncio.Queue(settings.queue)
+        self._task: asyncio.Task[None] | None = None
+
+    def record(self, record: dict[str, str], served: Container[int]) -> None:
+        """Queue one impression set; never blocks, never raises."""
+        if not self.settings.enabled:
+            return
+        version = version_label(int(record["model_version"]), served)
+        IMPRESSION_SETS.labels(model_version=version).inc()
+        IMPRESSIONS.labels(model_version=version).inc(len(record["items"].split()))
+        try:
+            self._queue.put_nowait(record)
+        except asyncio.QueueFull:
+            IMPRESSIONS_DROPPED.labels(reason="queue_full").inc()
+
+    async def _write(self, batch: list[dict[str, str]]) -> None:
+        try:
+            await asyncio.wait_for(
+                self.store.append_impressions(
+                    batch, self.settings.max_len, self.settings.attribution_ttl_s
+                ),
+                self.timeout_s,
+            )
+        except Exception as error:  # the store is away: count, never retry into a backlog
+            IMPRESSIONS_DROPPED.labels(reason="store_error").inc(len(batch))
+            log.debug("impression batch of %d not logged: %r", len(batch), error)
+
+    def _take_batch(self, first: dict[str, str]) -> list[dict[str, str]]:
+        batch = [first]
+        while len(batch) < self.settings.batch and not self._queue.empty():
+            batch.append(self._queue.get_nowait())
+        return batch
+
+    async def _run(self) -> None:
+        while True:
+            await self._write(self._take_batch(await self._queue.get()))
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def flush(self) -> None:
+        """Write what is queued now (shutdown, tests)."""
+        while not self._queue.empty():
+            await self._write(self._take_batch(self._queue.get_nowait()))
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        await self.flush()

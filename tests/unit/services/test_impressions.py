@@ -1,0 +1,109 @@
+"""Impression logging and server-side attribution of feedback (issue 9)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from prometheus_client import REGISTRY
+
+from services.api.app import create_app
+from services.gateway import Gateway
+from services.impressions import ImpressionLog, impression_record
+from services.settings import ImpressionSettings, Settings
+from services.stores.memory import InMemoryStore
+
+
+@pytest.fixture
+async def client(exported: Path) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(Settings(artifacts=exported))
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as http:
+            http.app = app  # type: ignore[attr-defined]
+            yield http
+
+
+def _gateway(client: httpx.AsyncClient) -> Gateway:
+    return client.app.state.gateway  # type: ignore[attr-defined,no-any-return]
+
+
+def _value(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+async def test_every_answer_is_logged_as_an_impression_set(client: httpx.AsyncClient) -> None:
+    body = (await client.post("/v1/recommend", json={"user_id": 3, "k": 5})).json()
+    gateway = _gateway(client)
+    assert gateway.impressions is not None
+    await gateway.impressions.flush()
+    logged = [f for _, f in await gateway.store.read_stream("impressions")]
+    mine = [f for f in logged if f["request_id"] == body["request_id"]]
+    assert len(mine) == 1
+    assert mine[0]["items"].split() == [str(i["item_id"]) for i in body["items"]]
+    assert len(mine[0]["scores"].split()) == 5
+    assert mine[0]["model_version"] == "1" and mine[0]["user_id"] == "3"
+    assert mine[0]["degraded"] == "0"
+
+
+async def test_clicks_are_attributed_to_the_version_that_served_them(
+    client: httpx.AsyncClient,
+) -> None:
+    body = (await client.post("/v1/recommend", json={"user_id": 3, "k": 5})).json()
+    await _gateway(client).impressions.flush()  # type: ignore[union-attr]
+    item = body["items"][0]["item_id"]
+    clicks_before = _value("cascade_feedback_events_total", model_version="1", type="click")
+    hits_before = _value("cascade_hits_total", model_version="1")
+    event = {"user_id": 3, "item_id": item, "type": "click", "request_id": body["request_id"]}
+    claimed = {**event, "model_version": 42}  # the client's claim is ignored
+    response = await client.post("/v1/feedback", json={"events": [event, claimed]})
+    assert response.status_code == 200
+    stored = [f for _, f in await _gateway(client).store.read_stream("feedback")]
+    assert [e["model_version"] for e in stored[-2:]] == ["1", "1"]
+    assert _value("cascade_feedback_events_total", model_version="1", type="click") == (
+        clicks_before + 2
+    )
+    assert _value("cascade_hits_total", model_version="1") == hits_before + 1  # once per set
+
+
+async def test_an_unknown_request_id_is_unattributed(client: httpx.AsyncClient) -> None:
+    before = _value("cascade_feedback_events_total", model_version="unattributed", type="click")
+    event = {"user_id": 3, "item_id": 1, "type": "click", "request_id": "0" * 32}
+    assert (await client.post("/v1/feedback", json={"events": [event]})).status_code == 200
+    stored = [f for _, f in await _gateway(client).store.read_stream("feedback")]
+    assert stored[-1]["model_version"] == "" and stored[-1]["request_id"] == "0" * 32
+    after = _value("cascade_feedback_events_total", model_version="unattributed", type="click")
+    assert after == before + 1
+
+
+async def test_a_full_queue_drops_and_counts_instead_of_waiting() -> None:
+    log = ImpressionLog(InMemoryStore(), ImpressionSettings(queue=10))
+    before = _value("cascade_impressions_dropped_total", reason="queue_full")
+    record = impression_record("a" * 32, 1, 1, np.arange(3), np.ones(3), False)
+    for _ in range(15):  # no writer running: the queue fills
+        log.record(record, {1})
+    assert _value("cascade_impressions_dropped_total", reason="queue_full") == before + 5
+
+
+class _FailingStore(InMemoryStore):
+    async def append_impressions(self, records: object, max_len: int, ttl_s: int) -> None:
+        raise ConnectionError("store is away")
+
+
+async def test_a_failing_store_drops_and_counts_without_failing_requests() -> None:
+    log = ImpressionLog(_FailingStore(), ImpressionSettings())
+    before = _value("cascade_impressions_dropped_total", reason="store_error")
+    log.start()
+    record = impression_record("b" * 32, 1, 1, np.arange(3), np.ones(3), False)
+    for _ in range(4):
+        log.record(record, {1})
+    for _ in range(50):
+        if _value("cascade_impressions_dropped_total", reason="store_error") == before + 4:
+            break
+        await asyncio.sleep(0.01)
+    await log.close()
+    assert _value("cascade_impressions_dropped_total", reason="store_error") == before + 4
