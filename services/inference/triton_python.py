@@ -15,13 +15,12 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import torch  # at model load, not in the first request (it takes about a second)
 
 
 def output_tensor(tensor_type: Any, name: str, array: np.ndarray) -> Any:
     """``tensor_type.from_dlpack(name, ...)`` (``pb_utils.Tensor``) of ``array``, shared
     with it through a torch tensor (no copy for a contiguous array)."""
-    import torch
-
     return tensor_type.from_dlpack(name, torch.from_numpy(np.ascontiguousarray(array)))
 
 
