@@ -18,7 +18,10 @@ tier, and Redis with every row. A batch ``[N, T]`` of ids is looked up as a whol
 4. rows come back in request order.
 
 Never-stored ids get the default row (counted); Redis down -> hits still served, default rows
-for misses, ``degraded`` set, nothing raised. ``switch_version`` starts a fresh generation of
+for misses, ``degraded`` set, nothing raised. After ``breaker.failures`` failed reads in a row
+a circuit breaker opens: misses get default rows at once, without touching Redis, until a
+half-open read (after ``breaker.reset_s``) succeeds, so a stalled Redis costs at most a few
+timeouts, never one per request. ``switch_version`` starts a fresh generation of
 tiers, and background work of an older generation is dropped, so a version switch never
 serves a row of the old version.
 """
@@ -28,8 +31,8 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
@@ -38,6 +41,11 @@ from services.embedding_cache.backing import RedisRows
 from services.embedding_cache.metrics import DEFAULTS, EVICTIONS, LOOKUP_SECONDS, LOOKUPS
 from services.embedding_cache.tier import CacheTier, Policy
 from services.inference.embeddings import EmbeddingLookup
+from services.resilience import CircuitBreaker
+from services.settings import BreakerSettings
+
+if TYPE_CHECKING:
+    from services.settings import EmbeddingCacheSettings
 
 MissPolicy = Literal["fetch", "defer"]
 MAX_QUEUED = 256  # background items beyond this are dropped (deferred keys are asked again)
@@ -53,6 +61,14 @@ class CacheConfig:
     policy: Policy = "lru"
     async_threshold: float = 0.9
     miss_policy: MissPolicy = "fetch"
+    breaker: BreakerSettings = field(
+        default_factory=lambda: BreakerSettings(failures=3, reset_s=1.0)
+    )
+
+    @classmethod
+    def from_settings(cls, settings: EmbeddingCacheSettings) -> CacheConfig:
+        """The cache's part of the gateway settings, field by field."""
+        return cls(**{name: getattr(settings, name) for name in cls.__dataclass_fields__})
 
     def rows(self, capacity: float, total_rows: int) -> int:
         return max(1, int(capacity * total_rows) if capacity <= 1 else int(capacity))
@@ -111,6 +127,8 @@ class HierarchicalEmbeddingCache(EmbeddingLookup):
         self.lock = threading.Lock()
         self.hit_ratio = 0.0  # running mean over batches of the share of keys found in a tier
         self.store_failed = False  # the last Redis read (of either thread) failed
+        self.breaker = CircuitBreaker("embedding_cache_redis", self.config.breaker)
+        self.failure_reason = "redis_unavailable"  # of the last failed read: or circuit_open
         # running totals (benchmarks, tests): keys asked for (in range), found in a tier, found
         # per tier; unique keys read from Redis, and answered with a deferred default row
         self.stats = dict.fromkeys(
@@ -211,7 +229,7 @@ class HierarchicalEmbeddingCache(EmbeddingLookup):
         self.stats["fetched"] += len(keys)
         read = self._read_misses(generation, keys)
         if read is None:
-            DEFAULTS.labels(reason="redis_unavailable").inc(len(keys))
+            DEFAULTS.labels(reason=self.failure_reason).inc(len(keys))
             return True
         values, present = read
         rows.copy_(torch.from_numpy(values))
@@ -238,12 +256,19 @@ class HierarchicalEmbeddingCache(EmbeddingLookup):
     ) -> tuple[np.ndarray, np.ndarray] | None:
         """``_read`` for either thread: counts the fetch and the keys never stored, records
         whether the store answered; None when it failed."""
+        if not self.breaker.allow():  # Redis failed just now: do not wait on it again
+            self.failure_reason = "circuit_open"
+            self.store_failed = True
+            return None
         LOOKUPS.labels(tier="redis", result="fetch").inc(len(keys))
         try:
             values, present = self._read(generation.version, keys)
         except Exception:
+            self.breaker.record_failure()
+            self.failure_reason = "redis_unavailable"
             self.store_failed = True
             return None
+        self.breaker.record_success()
         self.store_failed = False
         if not present.all():
             DEFAULTS.labels(reason="not_in_store").inc(int((~present).sum()))

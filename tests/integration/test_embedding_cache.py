@@ -246,3 +246,48 @@ def test_the_serving_path_refuses_a_version_redis_does_not_hold(
     cache.close()
     off = settings.model_copy(update={"embedding_cache": EmbeddingCacheSettings(enabled=False)})
     assert not isinstance(embeddings_for(directory, off), HierarchicalEmbeddingCache)
+
+
+def test_a_failing_redis_opens_the_cache_breaker_then_a_probe_closes_it(
+    backing: RedisRows,
+) -> None:
+    import time
+
+    from services.settings import BreakerSettings
+
+    weights = _weights(0)
+    _write(backing, 1, weights)
+    config = CacheConfig(100, 200, breaker=BreakerSettings(failures=2, reset_s=0.3))
+    cache = HierarchicalEmbeddingCache(backing, 1, TABLES, DIM, config)
+    working = cache.backing
+    dead = RedisRows("redis://127.0.0.1:1/0", timeout_s=0.05)  # nothing listens there
+    reads: list[int] = []
+    fetch_many = dead.fetch_many
+
+    def counted(*args: object, **kwargs: object) -> object:
+        reads.append(1)
+        return fetch_many(*args, **kwargs)  # type: ignore[arg-type]
+
+    dead.fetch_many = counted  # type: ignore[method-assign]
+    cache.backing = dead
+    for row in range(1, 6):  # two failed reads open it; the rest never touch Redis
+        assert not cache.lookup(np.array([[row, 1]])).any() and cache.degraded
+    assert len(reads) == 2 and cache.breaker.state == "open"
+    assert cache.failure_reason == "circuit_open"
+    cache.backing = working  # Redis is back: the half-open probe reads and closes it
+    time.sleep(0.35)
+    ids = np.array([[7, 2]])
+    np.testing.assert_array_equal(cache.lookup(ids), _expected(weights, ids))
+    assert not cache.degraded and cache.breaker.state == "closed"
+    dead.close()
+    cache.close()
+
+
+def test_cache_config_maps_the_settings_field_by_field() -> None:
+    from services.settings import BreakerSettings, EmbeddingCacheSettings
+
+    settings = EmbeddingCacheSettings(
+        policy="lfu", miss_policy="defer", breaker=BreakerSettings(failures=7, reset_s=3)
+    )
+    config = CacheConfig.from_settings(settings)
+    assert (config.policy, config.miss_policy, config.breaker.failures) == ("lfu", "defer", 7)
