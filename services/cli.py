@@ -21,6 +21,7 @@ from pydantic import ValidationError
 
 from pipelines.config import TrainConfig
 from pipelines.errors import CascadeError
+from services import simulator
 from services.redact import redact_text, redact_url
 
 
@@ -280,6 +281,7 @@ def _commands() -> dict[str, tuple[Callable[[Any], None], Callable[[argparse.Nam
         "train": (_train_parser, _run_train),
         "serve": (_serve_parser, _run_serve),
         "materialize": (_materialize_parser, _run_materialize),
+        "simulate": (simulator.add_parser, simulator.run),
     }
 
 

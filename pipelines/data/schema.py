@@ -13,14 +13,38 @@ Three tables, as pandas DataFrames:
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 import pandas as pd
 
 USER_COLUMNS = ("user_id", "age", "gender", "occupation", "zip_code")
 ITEM_COLUMNS = ("item_id", "title", "year", "genres")
 INTERACTION_COLUMNS = ("user_id", "item_id", "rating", "timestamp")
 GENRE_SEPARATOR = "|"
+
+
+@dataclass(frozen=True)
+class LatentTruth:
+    """A generated dataset's hidden preferences: affinity(u, i) = user[u] . item[i] / sqrt(d),
+    rows indexed by id - 1. Known only to the generator and the traffic simulator."""
+
+    user_factors: np.ndarray
+    item_factors: np.ndarray
+
+    def affinity(self, user_ids: np.ndarray, item_ids: np.ndarray) -> np.ndarray:
+        """Affinity of each (user, item) pair; ids outside the tables get 0."""
+        users = np.asarray(user_ids, np.int64) - 1
+        items = np.asarray(item_ids, np.int64) - 1
+        known = (users >= 0) & (users < len(self.user_factors))
+        known &= (items >= 0) & (items < len(self.item_factors))
+        out = np.zeros(np.broadcast(users, items).shape, np.float32)
+        u, i = np.broadcast_arrays(users, items)
+        dim = self.user_factors.shape[1]
+        out[known] = np.einsum(
+            "ij,ij->i", self.user_factors[u[known]], self.item_factors[i[known]]
+        ) / np.sqrt(dim)
+        return out
 
 
 @dataclass(frozen=True)
@@ -31,6 +55,7 @@ class RawDataset:
     users: pd.DataFrame
     items: pd.DataFrame
     interactions: pd.DataFrame
+    truth: LatentTruth | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         for table, columns in (

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from pipelines.data.schema import GENRE_SEPARATOR, RawDataset
+from pipelines.data.schema import GENRE_SEPARATOR, LatentTruth, RawDataset
 from pipelines.errors import ConfigError
 
 GENRES = (
@@ -126,4 +126,4 @@ def make_synthetic(
         }
     )
     name = f"synthetic-u{n_users}-i{n_items}-n{n_interactions}-s{seed}"
-    return RawDataset(name, users, items, interactions)
+    return RawDataset(name, users, items, interactions, LatentTruth(user_factors, item_factors))

@@ -1,0 +1,302 @@
+"""``cascade simulate``: synthetic users driving a running gateway, clicking by a ground truth.
+
+Each simulated request asks ``/v1/recommend`` for a user of the population, then clicks each
+shown item with probability ``position_bias(rank) * relevance(user, item)``, where relevance
+comes from a preference model no trained model sees directly:
+
+- MovieLens-100K: the user's own rating of the item (all ratings, so also the held-out ones
+  the models never trained on; the user's training items are filtered from answers anyway),
+  a small base rate for unrated items;
+- the synthetic generator: its hidden latent affinity (``RawDataset.truth``).
+
+Clicks are posted to ``/v1/feedback`` with the answer's ``request_id`` (so the gateway
+attributes them) and an ``event_id`` (so retries are harmless). Requests go out at a fixed
+rate for a fixed time, at most ``max_requests``, bounded concurrency; it stops by itself and
+reports impressions, clicks, CTR and hit rate per model version.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from pipelines.data.schema import RawDataset
+from pipelines.errors import CascadeError
+
+BASE_RATE = 0.02  # relevance of an item the user never rated (MovieLens)
+POPULATIONS = ("all", "young", "old")
+
+
+class Preferences:
+    """relevance(user, items) in [0, 1] from a dataset's ground truth, vectorised."""
+
+    def __init__(self, dataset: RawDataset, sharpness: float = 2.0) -> None:
+        self.truth = dataset.truth
+        self.sharpness = sharpness
+        ratings = dataset.interactions
+        self._index = (
+            {
+                (int(u), int(i)): float(r)
+                for u, i, r in zip(
+                    ratings["user_id"].to_numpy(),
+                    ratings["item_id"].to_numpy(),
+                    ratings["rating"].to_numpy(),
+                    strict=True,
+                )
+            }
+            if self.truth is None
+            else {}
+        )
+
+    def relevance(self, user_id: int, item_ids: np.ndarray) -> np.ndarray:
+        if self.truth is not None:
+            affinity = self.truth.affinity(np.full(len(item_ids), user_id), item_ids)
+            return 1.0 / (1.0 + np.exp(-self.sharpness * (affinity - 1.0)))
+        ratings = np.asarray([self._index.get((user_id, int(i)), np.nan) for i in item_ids])
+        rated = 1.0 / (1.0 + np.exp(-self.sharpness * (ratings - 4.0)))
+        return np.where(np.isnan(ratings), BASE_RATE, rated)
+
+
+def position_bias(count: int) -> np.ndarray:
+    """How likely a user looks at rank r (1-based): 1 / log2(r + 1)."""
+    return 1.0 / np.log2(np.arange(count) + 2.0)
+
+
+def population(dataset: RawDataset, name: str) -> np.ndarray:
+    """User ids of a population: everyone, or a demographic shift (for drift scenarios)."""
+    users = dataset.users
+    if name == "all":
+        chosen = users
+    elif name == "young":
+        chosen = users[users["age"] < 30]
+    elif name == "old":
+        chosen = users[users["age"] >= 50]
+    else:
+        raise ValueError(f"unknown population {name!r}; one of {POPULATIONS}")
+    return chosen["user_id"].to_numpy(np.int64)
+
+
+@dataclass
+class Tally:
+    """What one model version got: answers, items shown, clicks, answers with a click."""
+
+    requests: int = 0
+    impressions: int = 0
+    clicks: int = 0
+    hits: int = 0
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "requests": self.requests,
+            "impressions": self.impressions,
+            "clicks": self.clicks,
+            "ctr": round(self.clicks / self.impressions, 5) if self.impressions else 0.0,
+            "hit_rate": round(self.hits / self.requests, 5) if self.requests else 0.0,
+        }
+
+
+@dataclass
+class Report:
+    per_version: dict[int, Tally] = field(default_factory=lambda: defaultdict(Tally))
+    errors: int = 0
+    degraded: int = 0
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "versions": {str(v): t.as_dict() for v, t in sorted(self.per_version.items())},
+            "errors": self.errors,
+            "degraded": self.degraded,
+            "seconds": round(self.seconds, 2),
+        }
+
+    def table(self) -> str:
+        lines = [
+            f"{'version':>7}  {'requests':>8}  {'shown':>7}  {'clicks':>6}  "
+            f"{'ctr':>7}  {'hit rate':>8}"
+        ]
+        for version, tally in sorted(self.per_version.items()):
+            row = tally.as_dict()
+            lines.append(
+                f"{version:>7}  {row['requests']:>8}  {row['impressions']:>7}  "
+                f"{row['clicks']:>6}  {row['ctr']:>7.4f}  {row['hit_rate']:>8.4f}"
+            )
+        lines.append(
+            f"errors {self.errors}, degraded answers {self.degraded}, {self.seconds:.1f} s"
+        )
+        return "\n".join(lines)
+
+
+@dataclass
+class SimulationPlan:
+    url: str = "http://127.0.0.1:8080"
+    rate: float = 20.0  # requests per second
+    duration_s: float = 30.0
+    max_requests: int = 100_000
+    k: int = 10
+    concurrency: int = 16
+    seed: int = 0
+    timeout_s: float = 5.0
+
+
+async def simulate(
+    plan: SimulationPlan,
+    users: np.ndarray,
+    preferences: Preferences,
+    progress: Callable[[str], None] = lambda _: None,
+) -> Report:
+    """Drive the gateway at ``plan.rate`` for ``plan.duration_s`` (bounded); return the tally."""
+    import httpx  # the client: imported here so `cascade` starts without the serving extra
+
+    if len(users) == 0:
+        raise ValueError("the population has no users")
+    rng = np.random.default_rng(plan.seed)
+    report = Report()
+    gate = asyncio.Semaphore(plan.concurrency)
+    started = time.monotonic()
+    deadline = started + plan.duration_s
+    total = min(plan.max_requests, max(1, int(plan.rate * plan.duration_s)))
+    bias = position_bias(plan.k)
+
+    async def one(http: Any, user_id: int, draws: np.ndarray) -> None:
+        async with gate:
+            try:
+                answer = await http.post("/v1/recommend", json={"user_id": user_id, "k": plan.k})
+                answer.raise_for_status()
+                body = answer.json()
+                items = np.asarray([i["item_id"] for i in body["items"]], np.int64)
+                version = int(body["model_versions"]["release"])
+                clicked = items[
+                    draws[: len(items)] < bias[: len(items)] * preferences.relevance(user_id, items)
+                ]
+                tally = report.per_version[version]
+                tally.requests += 1
+                tally.impressions += len(items)
+                tally.clicks += len(clicked)
+                tally.hits += int(len(clicked) > 0)
+                report.degraded += int(bool(body["degraded"]))
+                if len(clicked):
+                    events = [
+                        {
+                            "user_id": user_id,
+                            "item_id": int(item),
+                            "type": "click",
+                            "request_id": body["request_id"],
+                            "event_id": f"sim-{body['request_id']}-{int(item)}",
+                        }
+                        for item in clicked
+                    ]
+                    (await http.post("/v1/feedback", json={"events": events})).raise_for_status()
+            except (httpx.HTTPError, ValueError, KeyError):
+                report.errors += 1
+
+    async with httpx.AsyncClient(base_url=plan.url, timeout=plan.timeout_s) as http:
+        tasks = []
+        for number in range(total):
+            at = started + number / plan.rate
+            if at >= deadline:
+                break
+            delay = at - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            user_id = int(users[rng.integers(len(users))])
+            tasks.append(asyncio.create_task(one(http, user_id, rng.random(plan.k))))
+            if number and number % max(1, int(plan.rate * 5)) == 0:
+                progress(f"simulate: {number} requests sent, {report.errors} errors")
+        await asyncio.gather(*tasks)
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def report_json(report: Report) -> str:
+    return json.dumps(report.as_dict(), sort_keys=True)
+
+
+def add_parser(commands: Any) -> None:
+    parser = commands.add_parser(
+        "simulate",
+        help="drive a running gateway with simulated users who click by a ground truth",
+        description="Send /v1/recommend requests for a population of users to a running "
+        "gateway at a fixed rate for a fixed time and post the clicks a ground-truth "
+        "preference model draws (MovieLens ratings, or the synthetic generator's latent "
+        "affinity). Prints impressions, clicks, CTR and hit rate per model version; the last "
+        "line is one JSON object.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    plan = SimulationPlan()
+    parser.add_argument("--url", default=plan.url, help="the gateway")
+    parser.add_argument("--rate", type=float, default=plan.rate, help="requests per second")
+    parser.add_argument("--duration", type=float, default=plan.duration_s, help="seconds")
+    parser.add_argument(
+        "--max-requests", type=int, default=plan.max_requests, help="stop after this many"
+    )
+    parser.add_argument("--k", type=int, default=plan.k, help="items per answer")
+    parser.add_argument(
+        "--concurrency", type=int, default=plan.concurrency, help="requests in flight at most"
+    )
+    parser.add_argument("--seed", type=int, default=plan.seed, help="users and clicks drawn")
+    parser.add_argument(
+        "--dataset",
+        choices=["movielens", "synthetic"],
+        default="movielens",
+        help="the ground truth: the data set the served models were trained on",
+    )
+    parser.add_argument("--users", type=int, default=10_000, help="synthetic: users")
+    parser.add_argument("--items", type=int, default=5_000, help="synthetic: items")
+    parser.add_argument("--interactions", type=int, default=200_000, help="synthetic: interactions")
+    parser.add_argument("--data-seed", type=int, default=0, help="synthetic: generator seed")
+    parser.add_argument(
+        "--population",
+        choices=POPULATIONS,
+        default="all",
+        help="who sends requests: everyone, or a shifted population (drift scenarios)",
+    )
+
+
+def _positive(name: str, value: float) -> None:
+    if value <= 0:
+        raise CascadeError(f"--{name} must be > 0, got {value}")
+
+
+def run(args: argparse.Namespace) -> int:
+    for name in ("rate", "duration", "max_requests", "k", "concurrency"):
+        _positive(name.replace("_", "-"), getattr(args, name))
+    if args.dataset == "movielens":
+        from pipelines.data.movielens import load_movielens_100k
+
+        dataset = load_movielens_100k()
+    else:
+        from pipelines.data.synthetic import make_synthetic
+
+        dataset = make_synthetic(args.users, args.items, args.interactions, seed=args.data_seed)
+    plan = SimulationPlan(
+        url=args.url,
+        rate=args.rate,
+        duration_s=args.duration,
+        max_requests=args.max_requests,
+        k=args.k,
+        concurrency=args.concurrency,
+        seed=args.seed,
+    )
+    users = population(dataset, args.population)
+    print(
+        f"simulate: {len(users)} users ({args.population}) -> {args.url}, "
+        f"{args.rate:g}/s for {args.duration:g} s",
+        flush=True,
+    )
+    report = asyncio.run(
+        simulate(plan, users, Preferences(dataset), lambda line: print(line, flush=True))
+    )
+    print(report.table())
+    print(report_json(report))
+    if report.errors and not report.per_version:
+        raise CascadeError(f"no answer from {args.url}: is `cascade serve` running?")
+    return 0
