@@ -49,10 +49,12 @@ def test_ground_truth_prefers_what_the_generator_rated_high() -> None:
     rows = dataset.interactions
     high = rows[rows["rating"] >= 5].head(200)
     low = rows[rows["rating"] <= 1].head(200)
-    rel_high = [
-        prefs.relevance(int(u), np.array([i]))[0] for u, i in zip(high.user_id, high.item_id)
-    ]
-    rel_low = [prefs.relevance(int(u), np.array([i]))[0] for u, i in zip(low.user_id, low.item_id)]
+
+    def relevance(rows: object) -> float:
+        pairs = zip(rows.user_id, rows.item_id, strict=True)  # type: ignore[attr-defined]
+        return float(np.mean([prefs.relevance(int(u), np.array([i]))[0] for u, i in pairs]))
+
+    rel_high, rel_low = relevance(high), relevance(low)
     assert np.mean(rel_high) > 2 * np.mean(rel_low)
     assert np.all(np.diff(position_bias(10)) < 0)  # a lower rank is seen less
 
