@@ -277,10 +277,14 @@ def _run_serve(args: argparse.Namespace) -> int:
 def _commands() -> dict[str, tuple[Callable[[Any], None], Callable[[argparse.Namespace], int]]]:
     """Every subcommand: name -> (add its parser, run it). Commands of other modules are
     imported lazily by their run function, so `cascade --help` stays fast."""
+    from services.control import commands as control
+
     return {
         "train": (_train_parser, _run_train),
         "serve": (_serve_parser, _run_serve),
         "materialize": (_materialize_parser, _run_materialize),
+        "versions": (control.versions_parser, control.run_versions),
+        "gc": (control.gc_parser, control.run_gc),
         "simulate": (simulator.add_parser, simulator.run),
     }
 
