@@ -1,0 +1,184 @@
+"""The desired serving state every gateway replica follows: production version, canary
+version and its traffic weight, the rollout step, and a revision that increases with every
+change.
+
+Written only by the rollout controller (and the manual ``cascade rollback`` / ``promote``),
+read by every gateway every second or so. It lives in Redis (``{ns}:rollout:desired``) so
+that all replicas see one state; the embedded stack without Redis keeps it in a JSON file
+beside the artifacts. Writes are compare-and-set on the revision, so two writers can never
+overwrite each other's change unseen.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+import redis
+from pydantic import BaseModel, Field, ValidationError, model_validator
+
+from pipelines.errors import CascadeError
+
+KEY = "rollout:desired"
+
+# Sets KEYS[1] to ARGV[1] only when its revision is ARGV[2] (0: the key must not exist).
+_COMPARE_AND_SET = """
+local current = redis.call('GET', KEYS[1])
+local expected = tonumber(ARGV[2])
+if current then
+  if cjson.decode(current)['revision'] ~= expected then return 0 end
+elseif expected ~= 0 then
+  return 0
+end
+redis.call('SET', KEYS[1], ARGV[1])
+return 1
+"""
+
+
+class DesiredStateConflict(CascadeError):
+    """Someone else changed the desired state since it was read."""
+
+
+class DesiredState(BaseModel):
+    """What the fleet should serve."""
+
+    production: int = Field(ge=1, description="The version every user gets by default.")
+    canary: int | None = Field(None, ge=1, description="The version under test, if any.")
+    canary_weight: float = Field(0.0, ge=0, le=1, description="Share of users on the canary.")
+    step: int = Field(0, ge=0, description="Rollout step the weight belongs to.")
+    revision: int = Field(0, ge=0, description="Increases with every write.")
+    updated_at: float = Field(default_factory=time.time)
+    reason: str = Field("", description="Why it changed (shown in status and logs).")
+
+    @model_validator(mode="after")
+    def _canary_differs(self) -> DesiredState:
+        if self.canary is not None and self.canary == self.production:
+            raise ValueError("the canary must differ from the production version")
+        if self.canary is None and self.canary_weight > 0:
+            raise ValueError("a canary weight needs a canary version")
+        return self
+
+    @property
+    def versions(self) -> list[int]:
+        """The versions to have loaded: production, and the canary when there is one."""
+        return sorted({self.production, *([self.canary] if self.canary else [])})
+
+    def next(self, **changes: object) -> DesiredState:
+        """The state after a change: the given fields, one more revision, a new time."""
+        data = self.model_dump() | changes
+        data.update(revision=self.revision + 1, updated_at=time.time())
+        return DesiredState.model_validate(data)
+
+
+class DesiredStateStore(ABC):
+    """Where the desired state lives (Redis for a fleet, a file for the embedded stack)."""
+
+    @abstractmethod
+    def read(self) -> DesiredState | None:
+        """The current state, or None when none was ever written."""
+
+    @abstractmethod
+    def _swap(self, payload: str, expected_revision: int) -> bool: ...
+
+    def write(self, state: DesiredState, expected_revision: int) -> DesiredState:
+        """Store ``state`` if the stored revision is still ``expected_revision`` (0: none
+        stored); raise DesiredStateConflict otherwise."""
+        if not self._swap(state.model_dump_json(), expected_revision):
+            raise DesiredStateConflict(
+                f"the desired state changed since revision {expected_revision}: read it again"
+            )
+        return state
+
+    def close(self) -> None:
+        return None
+
+
+def _parse(raw: str | bytes | None, where: str) -> DesiredState | None:
+    if raw is None:
+        return None
+    try:
+        return DesiredState.model_validate_json(raw)
+    except ValidationError as error:
+        raise CascadeError(f"the desired state in {where} is invalid: {error}") from None
+
+
+class RedisDesiredState(DesiredStateStore):
+    def __init__(self, url: str, namespace: str = "cascade", timeout_s: float = 0.5) -> None:
+        self.url, self.key = url, f"{namespace}:{KEY}"
+        self.timeout_s = timeout_s
+        self._client: redis.Redis | None = None
+
+    @property
+    def client(self) -> redis.Redis:
+        if self._client is None:
+            self._client = redis.Redis.from_url(
+                self.url, socket_timeout=self.timeout_s, socket_connect_timeout=self.timeout_s
+            )
+        return self._client
+
+    def read(self) -> DesiredState | None:
+        return _parse(self.client.get(self.key), f"Redis key {self.key}")
+
+    def _swap(self, payload: str, expected_revision: int) -> bool:
+        return bool(self.client.eval(_COMPARE_AND_SET, 1, self.key, payload, expected_revision))
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+class FileDesiredState(DesiredStateStore):
+    """A JSON file, replaced atomically (write + rename) under an exclusive lock file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def read(self) -> DesiredState | None:
+        try:
+            return _parse(self.path.read_text(), str(self.path))
+        except FileNotFoundError:
+            return None
+
+    def _swap(self, payload: str, expected_revision: int) -> bool:
+        import fcntl
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with (self.path.parent / f".{self.path.name}.lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            current = self.read()
+            if (current.revision if current else 0) != expected_revision:
+                return False
+            staging = self.path.with_suffix(".tmp")
+            staging.write_text(payload)
+            with staging.open() as handle:
+                os.fsync(handle.fileno())
+            staging.replace(self.path)
+            return True
+
+
+def make_desired_state_store(
+    redis_url: str | None, namespace: str, artifacts: Path
+) -> DesiredStateStore:
+    """Redis when the fleet has one, else a file beside the artifacts (embedded stack)."""
+    if redis_url:
+        return RedisDesiredState(redis_url, namespace)
+    return FileDesiredState(artifacts / "rollout" / "desired.json")
+
+
+def describe(state: DesiredState | None) -> str:
+    if state is None:
+        return "no desired state (serving what the settings say)"
+    canary = (
+        f", canary {state.canary} at {state.canary_weight:.0%} (step {state.step})"
+        if state.canary
+        else ""
+    )
+    return f"production {state.production}{canary}, revision {state.revision}"
+
+
+def as_json(state: DesiredState | None) -> str:
+    return json.dumps(None if state is None else state.model_dump(), sort_keys=True)
