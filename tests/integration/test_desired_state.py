@@ -73,5 +73,5 @@ def test_invalid_states_are_refused(fields: dict, message: str) -> None:
 def test_a_corrupted_stored_state_is_a_clear_error(tmp_path: Path) -> None:
     path = tmp_path / "desired.json"
     path.write_text('{"production": "one"}')
-    with pytest.raises(CascadeError, match="desired state in .*desired.json is invalid"):
+    with pytest.raises(CascadeError, match=r"desired state in .*desired\.json is invalid"):
         FileDesiredState(path).read()
