@@ -47,7 +47,12 @@ def make_backend(settings: Settings) -> InferenceBackend:
     if settings.triton.url:
         from services.inference.triton import TritonBackend
 
-        return TritonBackend(settings.triton.url, settings.triton.protocol)
+        key = settings.triton.control_key
+        return TritonBackend(
+            settings.triton.url,
+            settings.triton.protocol,
+            key.get_secret_value() if key is not None else None,
+        )
     return LocalBackend(settings.artifacts / "model_repository", settings)
 
 

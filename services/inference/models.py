@@ -102,13 +102,7 @@ def embeddings_for(directory: Path, settings: Settings | None = None) -> Embeddi
         version=version,
         tables=spec.rows,
         dim=spec.dim,
-        config=CacheConfig(
-            device_capacity=config.device_capacity,
-            host_capacity=config.host_capacity,
-            policy=config.policy,
-            async_threshold=config.async_threshold,
-            miss_policy=config.miss_policy,
-        ),
+        config=CacheConfig.from_settings(config),
     )
 
 
