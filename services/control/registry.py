@@ -266,7 +266,12 @@ class Registry(ABC):
     def transition(self, version: int, to: VersionState, reason: str) -> VersionRecord:
         """Move ``version`` to ``to`` (see the module's table); promoting a version to
         production retires the old production, which becomes the previous production."""
-        to = VersionState(to)
+        try:
+            to = VersionState(to)
+        except ValueError:
+            raise RegistryError(
+                f"version {version}: no state {to!r} (one of {', '.join(VersionState)})"
+            ) from None
 
         def change(state: _State) -> tuple[VersionRecord, list[dict[str, Any]]]:
             record = state.versions.get(version)

@@ -97,3 +97,9 @@ def test_an_unreachable_redis_is_a_registry_error_without_the_password() -> None
     ) as info:
         registry.records()
     assert "secret" not in str(info.value)
+
+
+def test_an_unknown_state_is_a_registry_error(tmp_path: Path) -> None:
+    registry = FileRegistry(tmp_path / "registry.json")
+    with pytest.raises(RegistryError, match="version 1: no state 'live'"):
+        registry.transition(1, "live", "typo")  # type: ignore[arg-type]
