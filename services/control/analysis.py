@@ -1,0 +1,398 @@
+"""Canary analysis: one verdict per analysis interval, canary against the concurrently served
+production version, from cumulative per-arm counts (pure functions, no I/O).
+
+Order of the checks, the first that decides wins:
+
+1. **Sample-ratio mismatch** (``halt``, reason ``srm``): the observed split of requests against
+   the configured canary weight, Pearson chi-square with one degree of freedom,
+   ``chi2 = sum (observed - expected)^2 / expected`` and ``p = erfc(sqrt(chi2 / 2))``. Judged
+   once each arm expects at least ``SRM_MIN_EXPECTED`` requests (the usual validity rule of the
+   chi-square approximation). A canary that gets no traffic while production gets plenty is a
+   routing fault and halts here; no traffic at all is a ``hold``.
+2. **Guardrails** (``fail`` at once, reasons ``error_rate``, ``degraded_rate``, ``latency``), judged
+   once both arms have ``min_requests``. A rate breaches when its increase over production is above
+   the configured maximum *and* the always-valid confidence sequence below says the canary's rate
+   is higher at all (lower bound > 0), so noise in a small window does not roll back a good
+   canary however often we look. p99 latency breaches when canary / production > ``max_p99_ratio``
+   (only p99s are reported, so this one is a plain threshold).
+3. **KPI** on CTR = clicks / impressions, judged once both arms have ``min_impressions``: ``fail``
+   (``kpi_worse``) when the confidence sequence for ``theta = CTR_canary - CTR_production`` lies
+   entirely below 0; ``pass`` (``kpi_pass``) when its lower bound is above
+   ``-non_inferiority_margin * CTR_production`` and every guardrail was judged and passed;
+   otherwise ``hold`` (``insufficient_data``). Hit rate (hits / requests) gets the same statistics
+   in ``Decision.values`` but does not decide.
+
+The sequential test is the normal-mixture SPRT (Robbins 1970; Johari, Pekelis & Walsh 2017,
+"Always valid inference", KDD). With ``theta_hat ~ N(theta, s2)`` and the mixing prior
+``theta ~ N(0, t2)``::
+
+    Lambda = sqrt(s2 / (s2 + t2)) * exp(t2 * theta_hat^2 / (2 * s2 * (s2 + t2)))
+    p      = min over looks of min(1, 1 / Lambda)                 (always-valid p-value)
+    CS     = theta_hat +- sqrt(s2 * (s2 + t2) / t2 * (log((s2 + t2) / s2) + 2 * log(1 / alpha)))
+
+The confidence sequence covers theta at every look at once with probability >= 1 - alpha, and
+excludes 0 exactly when that look's p < alpha. ``s2 = q1 (1 - q1) / n1 + q2 (1 - q2) / n2``
+with ``q = (x + 0.5) / (n + 1)``: the half pseudo-count keeps the variance positive when an arm
+has no clicks (or only clicks) yet; the difference itself uses the raw rates. Counts above their
+denominator (a click whose impression was dropped from the bounded log) are capped.
+
+The mixing sd for CTR is ``mixture_tau`` times production's CTR: the CS is narrowest where
+``t2 / s2`` is about 8, so a prior sd near the effects we act on (a 5 % margin, drops of 10-20 %)
+makes the bound tightest when those are being decided. Plugging in the estimated CTR makes the
+mixture slightly data-dependent; the A/A simulation in the tests checks the error rate holds.
+For the guardrail rates the mixing sd is the allowed increase itself.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pipelines.errors import ConfigError
+
+Outcome = Literal["pass", "fail", "hold", "halt"]
+Reason = Literal[
+    "kpi_pass", "kpi_worse", "error_rate", "degraded_rate", "latency", "srm", "insufficient_data"
+]
+Value = float | int | None
+
+PSEUDO_COUNT = 0.5  # per arm, in the variance only (see the module docstring)
+SRM_MIN_EXPECTED = 5.0  # expected requests per arm before the chi-square test judges
+
+
+@dataclass(frozen=True)
+class ArmStats:
+    """Cumulative counts of one arm (production or canary) since the step began."""
+
+    requests: int
+    errors: int
+    degraded: int
+    impressions: int
+    clicks: int
+    hits: int
+    p99_ms: float | None = None
+
+    def __post_init__(self) -> None:
+        counts = (self.requests, self.errors, self.degraded, self.impressions, self.clicks)
+        if min(*counts, self.hits) < 0:
+            raise ValueError(f"negative count in {self}")
+
+
+@dataclass(frozen=True)
+class AnalysisConfig:
+    """Thresholds and test parameters of the canary analysis (defaults documented per field)."""
+
+    alpha: float = 0.05
+    """Error rate of the sequential CTR test and the guardrail rate tests, over all looks."""
+    mixture_tau: float = 0.1
+    """Prior sd of the CTR difference, relative to production's CTR (10 %: the size of the
+    effects a ranking change makes, so the bound is tightest where verdicts are taken)."""
+    non_inferiority_margin: float = 0.05
+    """Relative: the canary passes when its CTR is shown to be at most 5 % below production's."""
+    min_impressions: int = 1000
+    """Per arm before a KPI verdict (about 50 clicks at 5 % CTR: the normal approximation holds)."""
+    min_requests: int = 1000
+    """Per arm before guardrails judge (a p99 of 1000 requests rests on its 10 slowest)."""
+    max_error_rate_increase: float = 0.01
+    """Absolute: canary error rate may exceed production's by at most one point."""
+    max_degraded_rate_increase: float = 0.02
+    """Absolute: degraded answers (fallbacks) are cheaper than errors, so two points."""
+    max_p99_ratio: float = 1.5
+    """Canary p99 latency may be at most 1.5 times production's."""
+    srm_alpha: float = 0.001
+    """Chi-square level of the sample-ratio test: strict, as it is repeated every interval."""
+
+    def __post_init__(self) -> None:
+        for name in ("alpha", "srm_alpha"):
+            if not 0.0 < getattr(self, name) < 1.0:
+                raise ConfigError(f"{name} must lie in (0, 1), got {getattr(self, name)}")
+        for name in ("mixture_tau", "max_error_rate_increase", "max_degraded_rate_increase"):
+            if getattr(self, name) <= 0.0:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if not 0.0 <= self.non_inferiority_margin < 1.0:
+            raise ConfigError(
+                f"non_inferiority_margin must lie in [0, 1), got {self.non_inferiority_margin}"
+            )
+        if self.max_p99_ratio <= 1.0:
+            raise ConfigError(f"max_p99_ratio must exceed 1, got {self.max_p99_ratio}")
+        if self.min_impressions < 1 or self.min_requests < 1:
+            raise ConfigError("min_impressions and min_requests must be at least 1")
+
+
+@dataclass(frozen=True)
+class Check:
+    """One judged quantity; ``passed`` is None while there is not enough data to judge it."""
+
+    name: str
+    value: float | None
+    threshold: float | None
+    passed: bool | None
+    detail: str
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The verdict of one look; ``values`` holds every number behind it (JSON-serialisable)."""
+
+    outcome: Outcome
+    reason: Reason
+    checks: list[Check]
+    values: dict[str, Value] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SequentialState:
+    """Carried between looks of one step: always-valid p-values only ever go down."""
+
+    running_min_p: float = 1.0
+    running_min_p_hit_rate: float = 1.0
+    looks: int = 0
+
+
+def srm_test(
+    control_requests: int, canary_requests: int, canary_weight: float
+) -> tuple[float, float]:
+    """Pearson chi-square (1 df) of the observed split against ``canary_weight``: (chi2, p)."""
+    if not 0.0 < canary_weight < 1.0:
+        raise ConfigError(f"canary_weight must lie in (0, 1), got {canary_weight}")
+    total = control_requests + canary_requests
+    if total <= 0:
+        return 0.0, 1.0
+    expected_canary = total * canary_weight
+    expected_control = total - expected_canary
+    chi2 = (canary_requests - expected_canary) ** 2 / expected_canary + (
+        control_requests - expected_control
+    ) ** 2 / expected_control
+    return chi2, math.erfc(math.sqrt(chi2 / 2.0))
+
+
+def mixture_test(
+    x_control: int, n_control: int, x_canary: int, n_canary: int, tau: float, alpha: float
+) -> dict[str, Value]:
+    """Normal-mixture SPRT of one look for the difference of two proportions (canary - control).
+
+    Returns the rates, difference, variance, tau, log and plain mixture likelihood ratio, this
+    look's always-valid p and the confidence sequence; rates and bounds are None for an empty arm.
+    """
+    out: dict[str, Value] = {
+        "n_control": n_control,
+        "n_canary": n_canary,
+        "rate_control": None,
+        "rate_canary": None,
+        "difference": None,
+        "variance": None,
+        "tau": tau,
+        "log_likelihood_ratio": 0.0,
+        "likelihood_ratio": 1.0,
+        "p_value": 1.0,
+        "cs_lower": None,
+        "cs_upper": None,
+    }
+    if n_control <= 0 or n_canary <= 0:
+        return out
+    x1, x2 = min(x_control, n_control), min(x_canary, n_canary)
+    q1 = (x1 + PSEUDO_COUNT) / (n_control + 2 * PSEUDO_COUNT)
+    q2 = (x2 + PSEUDO_COUNT) / (n_canary + 2 * PSEUDO_COUNT)
+    s2 = q1 * (1.0 - q1) / n_control + q2 * (1.0 - q2) / n_canary
+    t2 = tau * tau
+    theta = x2 / n_canary - x1 / n_control
+    log_lr = 0.5 * math.log(s2 / (s2 + t2)) + t2 * theta * theta / (2.0 * s2 * (s2 + t2))
+    half = math.sqrt(s2 * (s2 + t2) / t2 * (math.log((s2 + t2) / s2) + 2.0 * math.log(1.0 / alpha)))
+    out.update(
+        rate_control=x1 / n_control,
+        rate_canary=x2 / n_canary,
+        difference=theta,
+        variance=s2,
+        log_likelihood_ratio=log_lr,
+        likelihood_ratio=math.exp(min(log_lr, 700.0)),  # stays a finite JSON number
+        p_value=min(1.0, math.exp(-log_lr)),
+        cs_lower=theta - half,
+        cs_upper=theta + half,
+    )
+    return out
+
+
+def always_valid_ctr(
+    control: ArmStats, canary: ArmStats, tau: float, alpha: float
+) -> dict[str, Value]:
+    """The mixture SPRT of one look on CTR (clicks / impressions), ``tau`` in absolute CTR."""
+    return mixture_test(
+        control.clicks, control.impressions, canary.clicks, canary.impressions, tau, alpha
+    )
+
+
+def analyse(
+    control: ArmStats,
+    canary: ArmStats,
+    canary_weight: float,
+    config: AnalysisConfig,
+    state: SequentialState,
+) -> tuple[Decision, SequentialState]:
+    """Judge one look: SRM halts, a guardrail breach fails, then CTR passes, fails or holds.
+
+    ``control`` is the production arm; both carry counts since the step began, and ``state`` is
+    what the previous look of the same step returned (``SequentialState()`` at a step's start).
+    """
+    values: dict[str, Value] = {"canary_weight": canary_weight, "look": state.looks + 1}
+    for arm, stats in (("control", control), ("canary", canary)):
+        for count in ("requests", "errors", "degraded", "impressions", "clicks", "hits"):
+            values[f"{count}_{arm}"] = getattr(stats, count)
+        values[f"p99_ms_{arm}"] = stats.p99_ms
+
+    srm = _srm_check(control, canary, canary_weight, config, values)
+    guardrails = _guardrail_checks(control, canary, config, values)
+    kpi, state = _kpi_check(control, canary, config, state, values)
+    checks = [srm, *guardrails, kpi]
+
+    outcome: Outcome
+    reason: Reason
+    breached = [check for check in guardrails if check.passed is False]
+    if srm.passed is False:
+        outcome, reason = "halt", "srm"
+    elif breached:
+        outcome, reason = "fail", _GUARDRAIL_REASON[breached[0].name]
+    elif kpi.passed is False:
+        outcome, reason = "fail", "kpi_worse"
+    elif kpi.passed and all(check.passed for check in guardrails):
+        outcome, reason = "pass", "kpi_pass"
+    else:
+        outcome, reason = "hold", "insufficient_data"
+    return Decision(outcome, reason, checks, values), state
+
+
+def _srm_check(
+    control: ArmStats,
+    canary: ArmStats,
+    canary_weight: float,
+    config: AnalysisConfig,
+    values: dict[str, Value],
+) -> Check:
+    chi2, p = srm_test(control.requests, canary.requests, canary_weight)
+    total = control.requests + canary.requests
+    values.update(srm_chi2=chi2, srm_p=p, srm_expected_canary=total * canary_weight)
+    split = f"canary {canary.requests} of {total} requests, configured weight {canary_weight:g}"
+    if total * min(canary_weight, 1.0 - canary_weight) < SRM_MIN_EXPECTED:
+        return Check("srm", p, config.srm_alpha, None, f"{split}: too few to judge")
+    return Check("srm", p, config.srm_alpha, p >= config.srm_alpha, f"{split}: chi2 {chi2:.3g}")
+
+
+def _guardrail_checks(
+    control: ArmStats, canary: ArmStats, config: AnalysisConfig, values: dict[str, Value]
+) -> list[Check]:
+    judged = min(control.requests, canary.requests) >= config.min_requests
+    checks = [
+        _rate_check(
+            name,
+            (getattr(control, count), control.requests),
+            (getattr(canary, count), canary.requests),
+            limit,
+            judged,
+            config.alpha,
+            values,
+        )
+        for name, count, limit in (
+            ("error_rate", "errors", config.max_error_rate_increase),
+            ("degraded_rate", "degraded", config.max_degraded_rate_increase),
+        )
+    ]
+    ratio = None
+    if control.p99_ms is not None and canary.p99_ms is not None and control.p99_ms > 0.0:
+        ratio = canary.p99_ms / control.p99_ms
+    values["p99_ratio"] = ratio
+    if not judged:
+        latency = Check("latency", ratio, config.max_p99_ratio, None, _FEW_REQUESTS)
+    elif ratio is None:
+        latency = Check("latency", None, config.max_p99_ratio, None, "no p99 reported for an arm")
+    else:
+        detail = f"p99 {canary.p99_ms:g} ms vs {control.p99_ms:g} ms: ratio {ratio:.3g}"
+        latency = Check(
+            "latency", ratio, config.max_p99_ratio, ratio <= config.max_p99_ratio, detail
+        )
+    return [*checks, latency]
+
+
+def _rate_check(
+    name: str,
+    control: tuple[int, int],
+    canary: tuple[int, int],
+    limit: float,
+    judged: bool,
+    alpha: float,
+    values: dict[str, Value],
+) -> Check:
+    """A rate guardrail on (events, requests) per arm: breached when the increase is above
+    ``limit`` and the always-valid lower bound of the increase is above 0."""
+    test = mixture_test(*control, *canary, limit, alpha)
+    values.update({f"{name}_{key}": test[key] for key in _REPORTED})
+    increase, lower = test["difference"], test["cs_lower"]
+    if not judged or increase is None or lower is None:
+        return Check(name, increase, limit, None, _FEW_REQUESTS)
+    breach = increase > limit and lower > 0.0
+    detail = (
+        f"canary {test['rate_canary']:.4g} vs production {test['rate_control']:.4g}: increase "
+        f"{increase:.4g} (max {limit:g}), always-valid lower bound {lower:.4g}"
+    )
+    return Check(name, increase, limit, not breach, detail)
+
+
+def _kpi_check(
+    control: ArmStats,
+    canary: ArmStats,
+    config: AnalysisConfig,
+    state: SequentialState,
+    values: dict[str, Value],
+) -> tuple[Check, SequentialState]:
+    ctr_tau = config.mixture_tau * _smoothed(control.clicks, control.impressions)
+    ctr = always_valid_ctr(control, canary, ctr_tau, config.alpha)
+    hit_tau = config.mixture_tau * _smoothed(control.hits, control.requests)
+    hit = mixture_test(
+        control.hits, control.requests, canary.hits, canary.requests, hit_tau, config.alpha
+    )
+    state = SequentialState(
+        running_min_p=min(state.running_min_p, _float(ctr["p_value"])),
+        running_min_p_hit_rate=min(state.running_min_p_hit_rate, _float(hit["p_value"])),
+        looks=state.looks + 1,
+    )
+    values.update({f"ctr_{key}": ctr[key] for key in _REPORTED})
+    values.update({f"hit_rate_{key}": hit[key] for key in _REPORTED})
+    values.update(
+        ctr_always_valid_p=state.running_min_p,
+        hit_rate_always_valid_p=state.running_min_p_hit_rate,
+    )
+    lower, upper, base = ctr["cs_lower"], ctr["cs_upper"], ctr["rate_control"]
+    margin = None if base is None else -config.non_inferiority_margin * base
+    values["ctr_non_inferiority_bound"] = margin
+    enough = min(control.impressions, canary.impressions) >= config.min_impressions
+    if not enough or lower is None or upper is None or margin is None:
+        detail = f"fewer than {config.min_impressions} impressions per arm"
+        return Check("ctr", lower, margin, None, detail), state
+    detail = (
+        f"CTR canary {ctr['rate_canary']:.4g} vs production {base:.4g}: difference "
+        f"{ctr['difference']:.4g}, {1 - config.alpha:.0%} confidence sequence "
+        f"[{lower:.4g}, {upper:.4g}], non-inferior above {margin:.4g}"
+    )
+    passed = False if upper < 0.0 else (True if lower > margin else None)
+    return Check("ctr", lower, margin, passed, detail), state
+
+
+def _smoothed(successes: int, trials: int) -> float:
+    """The rate with the half pseudo-count, positive even with no successes or trials."""
+    return (min(successes, trials) + PSEUDO_COUNT) / (max(trials, 0) + 2 * PSEUDO_COUNT)
+
+
+def _float(value: Value) -> float:
+    assert value is not None
+    return float(value)
+
+
+_FEW_REQUESTS = "fewer than the minimum requests per arm"
+_GUARDRAIL_REASON: dict[str, Reason] = {
+    "error_rate": "error_rate",
+    "degraded_rate": "degraded_rate",
+    "latency": "latency",
+}
+_REPORTED = (
+    "rate_control", "rate_canary", "difference", "variance", "tau", "log_likelihood_ratio",
+    "likelihood_ratio", "p_value", "cs_lower", "cs_upper",
+)  # fmt: skip
