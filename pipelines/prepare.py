@@ -31,7 +31,7 @@ from pipelines.features.spec import (
     default_workflow,
 )
 from pipelines.features.workflow import Workflow
-from pipelines.split import POSITIVE_RATING, random_split
+from pipelines.split import POSITIVE_RATING, Split, random_split
 from pipelines.storage import flatten, write_parquet
 
 RANKING_COLUMNS = (*SPARSE_COLUMNS, DENSE, GENRES, LABEL)
@@ -156,14 +156,19 @@ def write_online_tables(dataset: RawDataset, directory: Path, history_length: in
 
 
 def prepare(
-    dataset: RawDataset, workdir: Path, seed: int = 0, history_length: int = 20
+    dataset: RawDataset,
+    workdir: Path,
+    seed: int = 0,
+    history_length: int = 20,
+    split: Split | None = None,
 ) -> Workflow:
-    """Split, fit the workflow on the training rows, and write every model's inputs."""
+    """Split (default: the random 8:1:1 protocol; ``cascade retrain`` passes a time split),
+    fit the workflow on the training rows, and write every model's inputs."""
     workdir.mkdir(parents=True, exist_ok=True)
     users = AttributeTable(dataset.users, "user_id", USER_ATTRIBUTES)
     items = AttributeTable(dataset.items, "item_id", ITEM_ATTRIBUTES)
     rows = labelled_rows(dataset.interactions, users, items)
-    split = random_split(len(dataset.interactions), seed)
+    split = split if split is not None else random_split(len(dataset.interactions), seed)
 
     workflow = default_workflow(seed=seed)
     encoded = {

@@ -1,4 +1,9 @@
-"""The evaluation protocol's random 8:1:1 split, one permutation shared by every model.
+"""Splits of all interactions into train / valid / test, shared by every model.
+
+``random_split`` is the evaluation protocol of ``cascade train`` (random 8:1:1);
+``time_split`` is what ``cascade retrain`` uses: the oldest rows train, the next window
+validates (early stopping, blend weight), the most recent window is the test set (the
+validation gate's holdout), so a candidate is judged on traffic newer than all it learnt from.
 
 One split of all interactions serves both protocols: retrieval keeps rating >= 3 as
 positives inside each part, ranking drops rating == 3 inside each part. So no row that a
@@ -27,15 +32,36 @@ class Split:
     test: np.ndarray
 
 
-def random_split(
-    n_rows: int, seed: int, fractions: tuple[float, float, float] = (0.8, 0.1, 0.1)
-) -> Split:
-    """Shuffle row positions with ``seed`` and cut them by ``fractions``."""
+def _check_fractions(fractions: tuple[float, ...]) -> None:
     if len(fractions) != 3 or any(f < 0 for f in fractions) or abs(sum(fractions) - 1) > 1e-9:
         raise ConfigError(
             f"split fractions must be three non-negative numbers summing to 1, got {fractions}"
         )
+
+
+def random_split(
+    n_rows: int, seed: int, fractions: tuple[float, float, float] = (0.8, 0.1, 0.1)
+) -> Split:
+    """Shuffle row positions with ``seed`` and cut them by ``fractions``."""
+    _check_fractions(fractions)
     order = np.random.default_rng(seed).permutation(n_rows)
+    n_train = round(fractions[0] * n_rows)
+    n_valid = round(fractions[1] * n_rows)
+    return Split(
+        train=np.sort(order[:n_train]),
+        valid=np.sort(order[n_train : n_train + n_valid]),
+        test=np.sort(order[n_train + n_valid :]),
+    )
+
+
+def time_split(
+    timestamps: np.ndarray, fractions: tuple[float, float, float] = (0.8, 0.1, 0.1)
+) -> Split:
+    """Order rows by ``timestamps`` (ties keep row order) and cut them by ``fractions``:
+    train is the oldest part, test the most recent."""
+    _check_fractions(fractions)
+    order = np.argsort(np.asarray(timestamps), kind="stable")
+    n_rows = len(order)
     n_train = round(fractions[0] * n_rows)
     n_valid = round(fractions[1] * n_rows)
     return Split(

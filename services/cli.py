@@ -277,6 +277,7 @@ def _run_serve(args: argparse.Namespace) -> int:
 def _commands() -> dict[str, tuple[Callable[[Any], None], Callable[[argparse.Namespace], int]]]:
     """Every subcommand: name -> (add its parser, run it). Commands of other modules are
     imported lazily by their run function, so `cascade --help` stays fast."""
+    from pipelines.retrain import command as retrain_command
     from services.control import commands as control
 
     return {
@@ -286,6 +287,7 @@ def _commands() -> dict[str, tuple[Callable[[Any], None], Callable[[argparse.Nam
         "versions": (control.versions_parser, control.run_versions),
         "gc": (control.gc_parser, control.run_gc),
         "simulate": (simulator.add_parser, simulator.run),
+        "retrain": (retrain_command.add_parser, retrain_command.run),
     }
 
 

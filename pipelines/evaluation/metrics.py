@@ -37,27 +37,59 @@ def retrieval_metrics(
         max_users: evaluate a seeded random sample of this many users (large catalogs).
     """
     truth = group_positives(test, n_users)
-    users = np.asarray([u for u in range(n_users) if len(truth[u])])
+    users = np.asarray([u for u in range(n_users) if len(truth[u])], dtype=np.int64)
     if max_users is not None and len(users) > max_users:
         users = np.sort(np.random.default_rng(seed).choice(users, max_users, replace=False))
-    seen_by_user = group_positives(seen, n_users)
+    per_user = per_user_retrieval(
+        score_users, users, truth, group_positives(seen, n_users), ks=ks, batch=batch
+    )
+    return {name: float(values.sum()) / max(len(users), 1) for name, values in per_user.items()}
+
+
+def per_user_retrieval(
+    score_users: Callable[[np.ndarray], np.ndarray],
+    users: np.ndarray,
+    truth: list[np.ndarray],
+    seen: list[np.ndarray],
+    ks: tuple[int, ...] = KS,
+    batch: int = 256,
+    relevant: np.ndarray | None = None,
+) -> dict[str, np.ndarray]:
+    """Recall@k and NDCG@k of each of ``users`` (full ranking), for paired comparisons.
+
+    Args:
+        score_users: user positions ``[b]`` -> scores over every item ``[b, n_items]``.
+        users: the user positions to evaluate (each with at least one relevant item).
+        truth: per user position, the item positions that are relevant.
+        seen: per user position, item positions excluded from the ranking.
+        relevant: per user position, how many items are relevant (default ``len(truth[u])``);
+            larger when some relevant items cannot be ranked at all (not in the catalog), so
+            they count as misses.
+
+    Returns:
+        ``{"recall@k": [len(users)], "ndcg@k": [len(users)]}`` in the order of ``users``.
+    """
     k_max = max(ks)
     discounts = 1.0 / np.log2(np.arange(2, k_max + 2))
-    totals = {f"{m}@{k}": 0.0 for k in ks for m in ("recall", "ndcg")}
+    out = {f"{m}@{k}": np.zeros(len(users)) for k in ks for m in ("recall", "ndcg")}
     for start in range(0, len(users), batch):  # batch x n_items scores in memory at a time
         chunk = users[start : start + batch]
         scores = np.array(score_users(chunk), dtype=np.float32, copy=True)
         for row, u in enumerate(chunk):
-            scores[row, seen_by_user[u]] = -np.inf
-        top = np.argpartition(-scores, k_max, axis=1)[:, :k_max]
+            scores[row, seen[u]] = -np.inf
+        top_k = min(k_max, scores.shape[1] - 1)
+        top = np.argpartition(-scores, top_k, axis=1)[:, :k_max]
         top = np.take_along_axis(top, np.argsort(-np.take_along_axis(scores, top, 1), axis=1), 1)
         for row, u in enumerate(chunk):
+            count = len(truth[u]) if relevant is None else int(relevant[u])
             hits = np.isin(top[row], truth[u])
             for k in ks:
-                ideal = discounts[: min(len(truth[u]), k)].sum()
-                totals[f"recall@{k}"] += hits[:k].sum() / len(truth[u])
-                totals[f"ndcg@{k}"] += (hits[:k] * discounts[:k]).sum() / ideal
-    return {name: value / max(len(users), 1) for name, value in totals.items()}
+                ideal = discounts[: min(count, k)].sum()
+                out[f"recall@{k}"][start + row] = hits[:k].sum() / count
+                out[f"ndcg@{k}"][start + row] = (
+                    hits[:k] * discounts[: len(hits[:k])]
+                ).sum() / ideal
+    return out
 
 
 def auc(labels: np.ndarray, scores: np.ndarray) -> float:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import random
+import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -35,6 +36,7 @@ def train_epochs(
     keep_best: str | None = None,
     batches_per_epoch: int | None = None,
     quiet: bool = False,
+    report: Callable[[str], None] | None = None,
 ) -> list[dict[str, float]]:
     """Train ``model`` over ``epoch_batches(epoch)``; one record per epoch (mean loss + extras).
 
@@ -45,6 +47,9 @@ def train_epochs(
     ``keep_best=metric`` restores, at the end, the model's weights from the epoch with the
     highest ``metric`` among ``after_epoch``'s outputs (early stopping's choice).
     On a GPU the forward pass runs under bfloat16 autocast (mixed precision).
+
+    ``report`` receives the one-line summary of each epoch instead of ``tqdm.write`` (a job
+    logging its progress); with it, the progress bar is shown only on a terminal.
     """
     best_value, best_state = -float("inf"), None
     sparse = [m.weight for m in model.modules() if isinstance(m, torch.nn.Embedding) and m.sparse]
@@ -64,7 +69,7 @@ def train_epochs(
             desc=f"{name} epoch {epoch + 1}/{epochs}",
             leave=False,
             total=batches_per_epoch,
-            disable=quiet,
+            disable=quiet or (report is not None and not sys.stderr.isatty()),
             unit="batch",
             mininterval=0.5,
         )
@@ -86,9 +91,9 @@ def train_epochs(
         if keep_best is not None and record[keep_best] > best_value:
             best_value = record[keep_best]
             best_state = copy.deepcopy(model.state_dict())
-        if not quiet:
+        if not quiet or report is not None:
             extras = " ".join(f"{k}={v:.4f}" for k, v in record.items() if k not in ("epoch",))
-            tqdm.write(f"{name} epoch {epoch + 1}/{epochs}: {extras}")
+            (report or tqdm.write)(f"{name} epoch {epoch + 1}/{epochs}: {extras}")
     if best_state is not None:
         model.load_state_dict(best_state)
     return history

@@ -4,6 +4,7 @@ blend weight on validation, and report AUC and LogLoss of each and of the blend 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,11 @@ def build_dlrm(workflow: Workflow, n_dense: int, config: TrainConfig) -> DLRM:
 
 
 def train_dlrm(
-    model: DLRM, workdir: Path, valid: dict[str, np.ndarray], config: TrainConfig
+    model: DLRM,
+    workdir: Path,
+    valid: dict[str, np.ndarray],
+    config: TrainConfig,
+    report: Callable[[str], None] | None = None,
 ) -> list[dict[str, float]]:
     loader = ParquetBatchLoader(
         [workdir / "ranking_train.parquet"],
@@ -78,6 +83,7 @@ def train_dlrm(
         after_epoch=validate,
         keep_best="valid_auc",
         batches_per_epoch=len(loader),
+        report=report,
     )
 
 
@@ -92,15 +98,18 @@ def _scores(labels: np.ndarray, logits: np.ndarray) -> dict[str, float]:
     return {"auc": auc(labels, logits), "logloss": logloss(labels, sigmoid(logits))}
 
 
-def run_ranking(workdir: Path, config: TrainConfig) -> dict[str, Any]:
-    """Train, evaluate and save DLRM, the tree ranker and the blend weight."""
+def run_ranking(
+    workdir: Path, config: TrainConfig, report: Callable[[str], None] | None = None
+) -> dict[str, Any]:
+    """Train, evaluate and save DLRM, the tree ranker and the blend weight (``report``: one
+    line per DLRM epoch and one for the trees)."""
     seed_everything(config.seed)
     torch.set_num_threads(config.threads)
     workflow = Workflow.load(workdir / "workflow")
     valid = ranking_inputs(workdir / "ranking_valid.parquet")
     test = ranking_inputs(workdir / "ranking_test.parquet")
     model = build_dlrm(workflow, valid["dense"].shape[1], config)
-    dlrm_curve = train_dlrm(model, workdir, valid, config)
+    dlrm_curve = train_dlrm(model, workdir, valid, config, report)
 
     train = ranking_inputs(workdir / "ranking_train.parquet")
     tree = TreeRanker()
@@ -116,6 +125,10 @@ def run_ranking(workdir: Path, config: TrainConfig) -> dict[str, Any]:
         rounds=config.gbm_rounds,
         threads=config.threads,
     )
+    if report is not None:
+        report(
+            f"gbm: {len(tree_curve['valid'])} rounds, valid_logloss={tree_curve['valid'][-1]:.4f}"
+        )
     weight = fit_blend_weight(valid["label"], dlrm_logits(model, valid), tree.logits(valid_x))
 
     test_dlrm, test_tree = dlrm_logits(model, test), tree.logits(tree_features(test)[0])

@@ -4,6 +4,7 @@ popularity baseline with full ranking, and save the models and item embeddings."
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +56,10 @@ def user_embeddings(model: TwoTower, data: RetrievalData, users: np.ndarray) -> 
 
 
 def train_two_tower(
-    model: TwoTower, data: RetrievalData, config: TrainConfig
+    model: TwoTower,
+    data: RetrievalData,
+    config: TrainConfig,
+    report: Callable[[str], None] | None = None,
 ) -> list[dict[str, float]]:
     pairs = torch.from_numpy(data.positives["train"])
     user_features, history = torch.from_numpy(data.user_features), torch.from_numpy(data.history)
@@ -98,6 +102,7 @@ def train_two_tower(
         after_epoch=validate,
         keep_best="valid_recall@20",
         batches_per_epoch=-(-len(pairs) // config.two_tower_batch),
+        report=report,
     )
 
 
@@ -119,7 +124,9 @@ def evaluate_two_tower(
     )
 
 
-def train_bpr(data: RetrievalData, config: TrainConfig) -> tuple[BPRMF, list[dict[str, float]]]:
+def train_bpr(
+    data: RetrievalData, config: TrainConfig, report: Callable[[str], None] | None = None
+) -> tuple[BPRMF, list[dict[str, float]]]:
     model = BPRMF(len(data.user_ids), len(data.item_ids))
     pairs = torch.from_numpy(data.positives["train"])
     generator = torch.Generator().manual_seed(config.seed)
@@ -136,6 +143,7 @@ def train_bpr(data: RetrievalData, config: TrainConfig) -> tuple[BPRMF, list[dic
         config.bpr_lr,
         "bpr-mf",
         batches_per_epoch=-(-len(pairs) // 1024),
+        report=report,
     )
     return model, curve
 
@@ -174,15 +182,19 @@ def evaluate_popularity(
     )
 
 
-def run_retrieval(workdir: Path, config: TrainConfig) -> dict[str, Any]:
-    """Train, evaluate and save; returns metrics and training curves (also saved as JSON)."""
+def run_retrieval(
+    workdir: Path, config: TrainConfig, report: Callable[[str], None] | None = None
+) -> dict[str, Any]:
+    """Train, evaluate and save; returns metrics and training curves (also saved as JSON).
+
+    ``report`` gets one line per epoch (see ``train_epochs``)."""
     seed_everything(config.seed)
     torch.set_num_threads(config.threads)
     data = RetrievalData.load(workdir / "retrieval.npz")
     workflow = Workflow.load(workdir / "workflow")
     model = build_two_tower(workflow, data.item_dense.shape[1], config)
-    two_tower_curve = train_two_tower(model, data, config)
-    bpr, bpr_curve = train_bpr(data, config)
+    two_tower_curve = train_two_tower(model, data, config, report)
+    bpr, bpr_curve = train_bpr(data, config, report)
     result = {
         "metrics": {
             "two_tower": evaluate_two_tower(model, data, max_users=config.eval_users),

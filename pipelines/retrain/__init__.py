@@ -1,0 +1,1 @@
+"""``cascade retrain``: logged outcomes -> training data -> models -> gate -> registry."""

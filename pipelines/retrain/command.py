@@ -1,0 +1,158 @@
+"""``cascade retrain``: the parser and the runner (the CLI's table points here).
+
+Exit codes: 0 a candidate was registered (the gate passed, or failed with ``--force``),
+1 the gate rejected the candidate (registered as rejected), 2 an error (nothing registered;
+a later run cleans up what this one left).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+EXIT_PASS, EXIT_REJECTED, EXIT_ERROR = 0, 1, 2
+
+
+def add_parser(commands: Any) -> None:
+    from services.cli import _add_config_options
+
+    parser = commands.add_parser(
+        "retrain",
+        help="retrain on the base data + logged outcomes, gate the candidate, register it",
+        description="Snapshot the feedback and impression streams since the last retrain "
+        "(to parquet under <artifacts>/retrain/), append the logged outcomes to the base data "
+        "set, split by time (the most recent window is the holdout), train the two-tower, "
+        "DLRM and trees, export a new version, run the validation gate against production on "
+        "the holdout, write releases/<v>/validation.json, print the verdict table and "
+        "register the version (candidate or rejected). One retrain at a time (a lock that "
+        "expires if the job dies). Streams come from CASCADE_REDIS__URL, else from the "
+        "embedded gateway's files in CASCADE_STREAMS_DIR; the registry likewise. "
+        "Exit codes: 0 candidate registered (passed, or --force), 1 rejected by the gate, "
+        "2 error (nothing registered).",
+    )
+    parser.add_argument(
+        "--artifacts", type=Path, default=None, help="export root (default: CASCADE_ARTIFACTS)"
+    )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="cursor, snapshots, journal and work directory (default: <artifacts>/retrain)",
+    )
+    parser.add_argument(
+        "--dataset",
+        choices=["movielens", "synthetic"],
+        default="movielens",
+        help="the base data set the logged outcomes are appended to (default: movielens)",
+    )
+    parser.add_argument("--users", type=int, default=10_000, help="synthetic: users")
+    parser.add_argument("--items", type=int, default=5_000, help="synthetic: items")
+    parser.add_argument("--interactions", type=int, default=200_000, help="synthetic: interactions")
+    parser.add_argument(
+        "--base-fraction",
+        type=float,
+        default=1.0,
+        help="use only the oldest fraction of the base interactions (the rest is what "
+        "bench/retrain.py replays as traffic; default 1.0, keep it in production)",
+    )
+    parser.add_argument(
+        "--gate-config",
+        type=Path,
+        default=None,
+        help="gate thresholds YAML (default: pipelines/validation/gate.yaml)",
+    )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="register a candidate that failed the gate (recorded in the verdict)",
+    )
+    parser.add_argument(
+        "--sabotage",
+        choices=["shuffled-embeddings"],
+        default=None,
+        help="FOR DEMOS AND TESTS: permute the item embeddings before the export, so the gate "
+        "must reject the candidate",
+    )
+    parser.add_argument(
+        "--gc-keep",
+        type=int,
+        default=None,
+        help="after registering, remove old versions beyond the newest N "
+        "(never production, previous production or canary)",
+    )
+    parser.add_argument(
+        "--lock-ttl",
+        type=float,
+        default=900.0,
+        help="seconds the lock outlives a dead job (refreshed while working; default 900)",
+    )
+    _add_config_options(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from pipelines.config import TrainConfig
+    from pipelines.errors import CascadeError
+    from pipelines.retrain.job import RetrainOptions, run_retrain
+    from services.control.registry import adopt_served, make_registry
+    from services.redact import redact_text
+    from services.settings import Settings
+
+    try:
+        settings = Settings(**({"artifacts": args.artifacts} if args.artifacts else {}))
+        overrides = {
+            k: getattr(args, k) for k in TrainConfig.model_fields if getattr(args, k) is not None
+        }
+        options = RetrainOptions(
+            artifacts=settings.artifacts,
+            config=TrainConfig(**overrides),
+            state_dir=args.state_dir,
+            dataset=args.dataset,
+            synthetic_size=(args.users, args.items, args.interactions),
+            base_fraction=args.base_fraction,
+            gate_config=args.gate_config,
+            force=args.force,
+            sabotage=args.sabotage,
+            gc_keep=args.gc_keep,
+            lock_ttl_s=args.lock_ttl,
+        )
+        registry = make_registry(settings)
+        try:
+            outcome = run_retrain(
+                options,
+                settings,
+                registry,
+                lambda: adopt_served(registry, settings.artifacts),
+                log=lambda line: print(line, flush=True),
+            )
+        finally:
+            registry.close()
+    except (CascadeError, ValidationError) as error:
+        print(f"cascade retrain: error: {redact_text(str(error))}", file=sys.stderr)
+        return EXIT_ERROR
+    except Exception as error:  # Redis down, disk full...: never mistaken for "rejected"
+        traceback.print_exc(file=sys.stderr)
+        print(f"cascade retrain: error: {redact_text(repr(error))}", file=sys.stderr)
+        return EXIT_ERROR
+    verdict = outcome.verdict
+    print(
+        json.dumps(
+            {
+                "version": outcome.version,
+                "verdict": "pass" if verdict.passed else "fail",
+                "forced": verdict.forced,
+                "failed_checks": verdict.failed_checks,
+                "validation": str(
+                    settings.artifacts / "releases" / str(outcome.version) / "validation.json"
+                ),
+                "seconds": round(outcome.seconds, 1),
+            }
+        ),
+        flush=True,
+    )
+    return outcome.exit_code

@@ -1,0 +1,163 @@
+"""Logged outcomes -> training rows, appended to the base data set, split by time.
+
+How outcomes become rows (in the raw ``rating`` schema, so the usual protocols apply:
+retrieval positive = rating >= 3, ranking label = rating >= 4, rating 3 dropped):
+
+- a click is rating 5: a retrieval positive and a ranking label 1;
+- an item shown and not clicked is rating 1: a ranking label 0, never a retrieval positive.
+  "Shown" is either a feedback event of type ``impression`` with no click of the same user
+  and item anywhere in the log, or, from the impression log, an item ranked *above* the
+  lowest click of its answer (skip-above: the user looked past it). Answers without a click
+  give no negatives: nothing says the user looked at them, and they would outnumber clicks
+  by k to one. Negatives are de-duplicated per (user, item), keeping the latest.
+- events of users or items the base catalog does not know are dropped and counted (the
+  towers and features need their attributes).
+
+Every row keeps its event time, so a time split puts the newest traffic in the holdout.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from pipelines.data.schema import INTERACTION_COLUMNS, RawDataset
+from pipelines.split import Split, time_split
+from pipelines.validation.holdout import Holdout
+
+CLICK_RATING = 5.0
+SKIP_RATING = 1.0
+
+
+def _frame(rows: pd.DataFrame, rating: float) -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "user_id": rows["user_id"].to_numpy(np.int64),
+            "item_id": rows["item_id"].to_numpy(np.int64),
+            "rating": np.full(len(rows), rating, np.float32),
+            "timestamp": rows["timestamp"].to_numpy(np.int64),
+        }
+    )
+
+
+def logged_interactions(feedback: pd.DataFrame, impressions: pd.DataFrame) -> pd.DataFrame:
+    """Rows (user_id, item_id, rating, timestamp) from parsed feedback and impressions."""
+    clicks = feedback[feedback["type"] == "click"].drop_duplicates(
+        ["user_id", "item_id", "request_id", "timestamp"]
+    )
+    clicked_pairs = clicks[["user_id", "item_id"]].drop_duplicates()
+
+    shown = feedback[feedback["type"] == "impression"][["user_id", "item_id", "timestamp"]]
+
+    with_click = clicks[clicks["request_id"] != ""][["request_id", "item_id"]]
+    sets = impressions[impressions["request_id"].isin(with_click["request_id"])]
+    skipped = pd.DataFrame(columns=["user_id", "item_id", "timestamp"])
+    if len(sets):
+        exploded = sets[["request_id", "user_id", "timestamp", "items"]].explode("items")
+        exploded = exploded.rename(columns={"items": "item_id"})
+        exploded["item_id"] = exploded["item_id"].astype(np.int64)
+        exploded["rank"] = exploded.groupby("request_id").cumcount()
+        ranked = exploded.merge(
+            with_click, on=["request_id", "item_id"], how="left", indicator=True
+        )
+        hit = ranked["_merge"] == "both"
+        lowest = ranked[hit].groupby("request_id")["rank"].max()
+        ranked["lowest"] = ranked["request_id"].map(lowest)
+        skipped = ranked[~hit & (ranked["rank"] < ranked["lowest"])][
+            ["user_id", "item_id", "timestamp"]
+        ]
+    negatives = pd.concat([shown, skipped], ignore_index=True)
+    negatives = negatives.merge(
+        clicked_pairs, on=["user_id", "item_id"], how="left", indicator=True
+    )
+    negatives = negatives[negatives["_merge"] == "left_only"]
+    negatives = negatives.sort_values("timestamp", kind="stable").drop_duplicates(
+        ["user_id", "item_id"], keep="last"
+    )
+    rows = pd.concat(
+        [
+            _frame(clicks, CLICK_RATING),
+            _frame(negatives, SKIP_RATING),
+        ],
+        ignore_index=True,
+    )
+    return rows.sort_values("timestamp", kind="stable").reset_index(drop=True)
+
+
+@dataclass
+class TrainingData:
+    """The combined data set, its time split, and where its rows came from."""
+
+    dataset: RawDataset
+    split: Split
+    base_rows: int
+    logged_rows: int
+    dropped: Counter
+    data_hash: str
+
+    def holdout(self) -> Holdout:
+        """The most recent window (the split's test part) and everything before it."""
+        rows = self.dataset.interactions
+        before = np.sort(np.concatenate([self.split.train, self.split.valid]))
+        return Holdout(
+            self.dataset.users,
+            self.dataset.items,
+            rows.iloc[before].reset_index(drop=True),
+            rows.iloc[self.split.test].reset_index(drop=True),
+        )
+
+    def learnt_until(self) -> int:
+        """Newest timestamp of the rows models learn from (train + valid): recorded in the
+        manifest, so the next gate leaves older holdout rows out of the comparison."""
+        rows = self.dataset.interactions["timestamp"].to_numpy()
+        used = np.concatenate([self.split.train, self.split.valid])
+        return int(rows[used].max()) if len(used) else 0
+
+
+def combine(
+    base: RawDataset,
+    logged: pd.DataFrame,
+    fractions: tuple[float, float, float] = (0.8, 0.1, 0.1),
+) -> TrainingData:
+    """Append the logged rows the catalog knows to the base interactions; split by time."""
+    dropped: Counter = Counter()
+    known_user = logged["user_id"].isin(base.users["user_id"])
+    known_item = logged["item_id"].isin(base.items["item_id"])
+    dropped["unknown_user"] = int((~known_user).sum())
+    dropped["unknown_item"] = int((known_user & ~known_item).sum())
+    kept = logged[known_user & known_item]
+    interactions = pd.concat(
+        [base.interactions[list(INTERACTION_COLUMNS)], kept[list(INTERACTION_COLUMNS)]],
+        ignore_index=True,
+    )
+    digest = hashlib.sha256(base.content_hash().encode())
+    for column in INTERACTION_COLUMNS:
+        digest.update(np.ascontiguousarray(kept[column].to_numpy()).tobytes())
+    combined = RawDataset(f"{base.name}+logs", base.users, base.items, interactions)
+    return TrainingData(
+        dataset=combined,
+        split=time_split(interactions["timestamp"].to_numpy(), fractions),
+        base_rows=len(base.interactions),
+        logged_rows=len(kept),
+        dropped=+dropped,
+        data_hash=digest.hexdigest()[:16],
+    )
+
+
+def oldest(dataset: RawDataset, fraction: float) -> RawDataset:
+    """The base data set cut to its oldest ``fraction`` of interactions (by time); used to
+    hold the newest part back as traffic to replay (tests, benchmark, demos)."""
+    if fraction >= 1.0:
+        return dataset
+    order = np.argsort(dataset.interactions["timestamp"].to_numpy(), kind="stable")
+    kept = np.sort(order[: round(fraction * len(order))])
+    return RawDataset(
+        f"{dataset.name}-oldest{fraction:g}",
+        dataset.users,
+        dataset.items,
+        dataset.interactions.iloc[kept].reset_index(drop=True),
+    )
