@@ -14,6 +14,7 @@ import numpy as np
 
 from pipelines.features.spec import USER_TOWER_COLUMNS
 from services.context import RequestContext
+from services.control.desired_state import DesiredState, make_desired_state_store
 from services.errors import FeedbackNotDurable, NotReady
 from services.impressions import ImpressionLog
 from services.inference.backends import InferenceBackend, LocalBackend
@@ -29,6 +30,7 @@ from services.stages.filtering import FilteringStage
 from services.stages.ordering import OrderingStage
 from services.stages.retrieval import RetrievalStage
 from services.stages.scoring import ScoringStage, ranking_inputs
+from services.state_follower import StateFollower
 from services.store_monitor import StoreMonitor
 from services.stores.base import Durability, OnlineStore
 from services.stores.memory import InMemoryStore
@@ -52,6 +54,7 @@ def make_backend(settings: Settings) -> InferenceBackend:
             settings.triton.url,
             settings.triton.protocol,
             key.get_secret_value() if key is not None else None,
+            settings.artifacts / "model_repository",
         )
     return LocalBackend(settings.artifacts / "model_repository", settings)
 
@@ -77,6 +80,7 @@ class Gateway:
         self.recommender: Recommender | None = None
         self.store_monitor: StoreMonitor | None = None
         self.impressions: ImpressionLog | None = None
+        self.follower: StateFollower | None = None
 
     @property
     def ready(self) -> bool:
@@ -85,17 +89,22 @@ class Gateway:
     async def start(self) -> None:
         settings = self.settings
         self.rules = load_rules(settings.rules_file)
+        desired = await self._desired_at_start()
+        pinned, canary = settings.model_version, settings.canary_version
+        percent = settings.canary_percent
+        if desired is not None:  # the rollout's state wins over the newest export
+            pinned, canary, percent = desired.production, desired.canary, desired.weight_percent
         served = await asyncio.to_thread(  # verifies every file's sha256: not on the loop
             load_served_releases,
             settings.artifacts,
-            settings.model_version,
-            settings.canary_version,
+            pinned,
+            canary,
             settings.artifact_fallback,
         )
         self.releases.update(served.releases)
         self.release_problems = served.problems
         default = served.releases[served.default]
-        self.router = VersionRouter(default.version, served.canary, settings.canary_percent)
+        self.router = VersionRouter(default.version, served.canary, percent)
         await self.store.start()
         release_dir = settings.artifacts / "releases" / str(default.version)
         if isinstance(self.store, InMemoryStore):  # the embedded default starts empty
@@ -108,7 +117,11 @@ class Gateway:
         self.impressions = ImpressionLog(self.store, settings.impressions)
         self.impressions.start()
         await self.backend.start(sorted(self.releases))
-        await self._warm_up()
+        await self.warm_up(sorted(self.releases))
+        if self.follower is not None:
+            if desired is not None:
+                self.follower.applied_revision = desired.revision
+            self.follower.start()
         redis_s, triton_s = settings.redis.timeout_ms / 1000, settings.triton.timeout_ms / 1000
         self.recommender = Recommender(
             [
@@ -124,11 +137,12 @@ class Gateway:
             ]
         )
 
-    async def _warm_up(self) -> None:
+    async def warm_up(self, versions: list[int]) -> None:
         """One untimed call to each model of each version before serving, so the first user
         does not pay for lazy imports and cold caches. A failure is logged, not raised: the
         requests that follow degrade as usual."""
-        for version, release in self.releases.items():
+        for version in versions:
+            release = self.releases[version]
             length = int(release.manifest["config"]["history_length"])
             ctx = RequestContext(user_id=0, k=1, timestamp=int(time.time()), model_version=version)
             ctx.candidates = release.popularity[: self.settings.candidates]
@@ -179,8 +193,27 @@ class Gateway:
             return f"the feedback store does not persist events ({monitor.durability.detail})"
         return None
 
+    async def _desired_at_start(self) -> DesiredState | None:
+        """The desired state when following is on and one was written (else None)."""
+        settings = self.settings
+        if not settings.follow.enabled:
+            return None
+        store = make_desired_state_store(
+            settings.redis.url, settings.redis.namespace, settings.artifacts
+        )
+        self.follower = StateFollower(
+            self,
+            store,
+            settings.follow.interval_s,
+            settings.follow.keep_previous_s,
+            settings.follow.retire_after_s,
+        )
+        return await self.follower.read()
+
     async def close(self) -> None:
         self.recommender = None
+        if self.follower is not None:
+            await self.follower.close()
         if self.store_monitor is not None:
             await self.store_monitor.close()
         if self.impressions is not None:

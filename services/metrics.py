@@ -85,3 +85,16 @@ ONLINE_STORE_STATE = Gauge(
     "1 for the online store's current state (ok, empty, loading, unreachable, unknown).",
     ["state"],
 )
+CANARY_WEIGHT = Gauge(
+    "cascade_canary_weight",
+    "Share of users this gateway routes to each served model version.",
+    ["model_version"],
+)
+ROLLOUT_REVISION = Gauge(
+    "cascade_desired_state_revision", "Revision of the desired serving state last applied."
+)
+VERSION_LOAD_FAILURES = Counter(
+    "cascade_version_load_failures_total",
+    "Desired model versions this gateway could not load, by role (production, canary).",
+    ["role"],
+)

@@ -145,6 +145,21 @@ class ImpressionSettings(BaseModel):
     batch: int = Field(500, ge=1, description="Most impression sets written in one round trip.")
 
 
+class FollowSettings(BaseModel):
+    """How a gateway follows the desired serving state written by the rollout controller."""
+
+    enabled: bool = Field(
+        True, description="Follow the desired state in Redis (or the embedded stack's file)."
+    )
+    interval_s: float = Field(1.0, gt=0, description="How often the desired state is read.")
+    keep_previous_s: float = Field(
+        600.0, ge=0, description="The previous production stays loaded this long (rollback)."
+    )
+    retire_after_s: float = Field(
+        30.0, ge=0, description="A version no user is routed to is dropped after this long."
+    )
+
+
 class Settings(BaseSettings):
     """Everything the gateway reads at start-up, validated once."""
 
@@ -173,6 +188,7 @@ class Settings(BaseSettings):
     server: ServerSettings = ServerSettings()
     feedback: FeedbackSettings = FeedbackSettings()
     impressions: ImpressionSettings = ImpressionSettings()
+    follow: FollowSettings = FollowSettings()
     streams_dir: Path | None = Field(
         None,
         description="Embedded default only (no Redis): append feedback and impressions as JSON "

@@ -62,6 +62,10 @@ class DesiredState(BaseModel):
         return self
 
     @property
+    def weight_percent(self) -> float:
+        return self.canary_weight * 100
+
+    @property
     def versions(self) -> list[int]:
         """The versions to have loaded: production, and the canary when there is one."""
         return sorted({self.production, *([self.canary] if self.canary else [])})

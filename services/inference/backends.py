@@ -31,6 +31,11 @@ class InferenceBackend(ABC):
     async def close(self) -> None: ...
 
     @abstractmethod
+    async def serve_versions(self, versions: list[int]) -> None:
+        """Have exactly these model versions ready (load the missing ones, drop the rest);
+        raise when one cannot be loaded (the versions that served before keep serving)."""
+
+    @abstractmethod
     async def encode_query(
         self, version: int, user_features: np.ndarray, history: np.ndarray
     ) -> np.ndarray:
@@ -68,6 +73,12 @@ class LocalBackend(InferenceBackend):
             ranker.close()
         self.query.clear()
         self.ranker.clear()
+
+    async def serve_versions(self, versions: list[int]) -> None:
+        await self.start([v for v in versions if v not in self.ranker])
+        for version in [v for v in self.ranker if v not in versions]:
+            self.ranker.pop(version).close()
+            self.query.pop(version, None)
 
     async def encode_query(
         self, version: int, user_features: np.ndarray, history: np.ndarray

@@ -4,6 +4,7 @@ addressed by name and version; model control (load/unload) with the server's con
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,10 +21,17 @@ GRPC_METADATA_PREFIX = "triton-grpc-protocol-"
 class TritonBackend(InferenceBackend):
     """``tritonclient`` asyncio client; one ``infer`` per call."""
 
-    def __init__(self, url: str, protocol: str = "http", control_key: str | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        protocol: str = "http",
+        control_key: str | None = None,
+        model_repository: Path | None = None,
+    ) -> None:
         self.url = url
         self.protocol = protocol
         self._control_key = control_key
+        self.model_repository = model_repository  # the configs serve_versions loads with
         self._client: Any = None
         self._module: Any = None
 
@@ -63,6 +71,30 @@ class TritonBackend(InferenceBackend):
         await self._client.load_model(
             model, headers=headers, config=json.dumps(config) if config else None
         )
+
+    async def serve_versions(self, versions: list[int]) -> None:
+        """Load both models with exactly ``versions`` (their config.pbtxt with a ``specific``
+        version policy): Triton loads the new versions, keeps serving the old ones until
+        the new are ready, then unloads those not listed."""
+        for model in (QUERY_TOWER, RANKER):
+            await self.load_model(model, self.config_with_versions(model, versions))
+        for model in (QUERY_TOWER, RANKER):
+            for version in versions:
+                if not await self.ready(model, version):
+                    raise RuntimeError(f"Triton loaded {model} but version {version} is not ready")
+
+    def config_with_versions(self, model: str, versions: list[int]) -> dict:
+        """The model's config.pbtxt as Triton's JSON config, serving exactly ``versions``."""
+        from google.protobuf import json_format, text_format
+        from tritonclient.grpc import model_config_pb2
+
+        if self.model_repository is None:
+            raise RuntimeError("TritonBackend needs the model repository to change versions")
+        text = (self.model_repository / model / "config.pbtxt").read_text()
+        config = text_format.Parse(text, model_config_pb2.ModelConfig())
+        config.ClearField("version_policy")
+        config.version_policy.specific.versions.extend(sorted(versions))
+        return dict(json_format.MessageToDict(config, preserving_proto_field_name=True))
 
     async def unload_model(self, model: str) -> None:
         """Unload ``model`` (explicit model control); sends the control key."""

@@ -39,6 +39,7 @@ async def ready(gateway: GatewayDep, response: Response) -> dict[str, object]:
         "feedback_durable": durability.durable if durability is not None else None,
         "feedback_refused": gateway.feedback_refusal,
         "release_problems": list(gateway.release_problems),
+        "rollout": gateway.follower.status() if gateway.follower is not None else None,
     }
 
 

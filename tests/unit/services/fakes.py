@@ -26,6 +26,9 @@ class FaultyBackend(InferenceBackend):
     async def close(self) -> None:
         await self.inner.close()
 
+    async def serve_versions(self, versions: list[int]) -> None:
+        await self.inner.serve_versions(versions)
+
     async def _fault(self, result: np.ndarray) -> np.ndarray:
         if self.mode == "raise":
             raise ConnectionError("inference server refused the connection")
