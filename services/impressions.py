@@ -31,16 +31,21 @@ def impression_record(
     model_version: int,
     item_ids: np.ndarray,
     scores: np.ndarray,
-    degraded: bool,
+    reasons: list[str] | tuple[str, ...] = (),
+    latency_ms: float = 0.0,
 ) -> dict[str, str]:
-    """One impression set as stream fields (ids and scores space-separated, rank order)."""
+    """One impression set as stream fields: ids and scores space-separated in rank order,
+    the degraded reasons (fixed ``stage:reason`` values) and the server-side latency, so a
+    rollout can judge each version's errors, degradation and latency from the log alone."""
     return {
         "request_id": request_id,
         "user_id": str(user_id),
         "model_version": str(model_version),
         "items": " ".join(map(str, np.asarray(item_ids).tolist())),
         "scores": " ".join(f"{s:.6g}" for s in np.asarray(scores).tolist()),
-        "degraded": "1" if degraded else "0",
+        "degraded": "1" if reasons else "0",
+        "reasons": " ".join(reasons),
+        "latency_ms": f"{latency_ms:.3f}",
         "timestamp": str(int(time.time())),
     }
 

@@ -30,6 +30,8 @@ IMPRESSION_FIELDS = (
     "items",
     "scores",
     "degraded",
+    "reasons",
+    "latency_ms",
     "timestamp",
 )
 STREAMS = ("feedback", "impressions")

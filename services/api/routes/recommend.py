@@ -20,7 +20,13 @@ async def recommend(body: RecommendRequest, gateway: GatewayDep) -> RecommendRes
     if gateway.impressions is not None:
         gateway.impressions.record(
             impression_record(
-                ctx.request_id, ctx.user_id, ctx.model_version, item_ids, ctx.scores, ctx.degraded
+                ctx.request_id,
+                ctx.user_id,
+                ctx.model_version,
+                item_ids,
+                ctx.scores,
+                ctx.reasons,
+                sum(ctx.timings_ms.values()),
             ),
             gateway.releases.keys(),
         )

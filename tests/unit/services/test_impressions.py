@@ -47,7 +47,8 @@ async def test_every_answer_is_logged_as_an_impression_set(client: httpx.AsyncCl
     assert mine[0]["items"].split() == [str(i["item_id"]) for i in body["items"]]
     assert len(mine[0]["scores"].split()) == 5
     assert mine[0]["model_version"] == "1" and mine[0]["user_id"] == "3"
-    assert mine[0]["degraded"] == "0"
+    assert mine[0]["degraded"] == "0" and mine[0]["reasons"] == ""
+    assert float(mine[0]["latency_ms"]) > 0
 
 
 async def test_clicks_are_attributed_to_the_version_that_served_them(
@@ -83,7 +84,7 @@ async def test_an_unknown_request_id_is_unattributed(client: httpx.AsyncClient) 
 async def test_a_full_queue_drops_and_counts_instead_of_waiting() -> None:
     log = ImpressionLog(InMemoryStore(), ImpressionSettings(queue=10))
     before = _value("cascade_impressions_dropped_total", reason="queue_full")
-    record = impression_record("a" * 32, 1, 1, np.arange(3), np.ones(3), False)
+    record = impression_record("a" * 32, 1, 1, np.arange(3), np.ones(3))
     for _ in range(15):  # no writer running: the queue fills
         log.record(record, {1})
     assert _value("cascade_impressions_dropped_total", reason="queue_full") == before + 5
@@ -98,7 +99,7 @@ async def test_a_failing_store_drops_and_counts_without_failing_requests() -> No
     log = ImpressionLog(_FailingStore(), ImpressionSettings())
     before = _value("cascade_impressions_dropped_total", reason="store_error")
     log.start()
-    record = impression_record("b" * 32, 1, 1, np.arange(3), np.ones(3), False)
+    record = impression_record("b" * 32, 1, 1, np.arange(3), np.ones(3))
     for _ in range(4):
         log.record(record, {1})
     for _ in range(50):
