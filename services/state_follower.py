@@ -21,6 +21,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 import time
 from typing import TYPE_CHECKING
 
@@ -33,6 +35,8 @@ if TYPE_CHECKING:
     from services.gateway import Gateway
 
 log = logging.getLogger(__name__)
+
+REPLICA = f"{socket.gethostname()}-{os.getpid()}"  # one gateway process
 
 
 class StateFollower:
@@ -57,6 +61,7 @@ class StateFollower:
         self.applied_revision: int | None = None
         self.reachable = True
         self.problems: list[str] = []
+        self.canary_failed: int | None = None  # a desired canary this replica cannot load
         self.previous: tuple[int, float] | None = None  # (old production, since)
         self.unrouted_since: dict[int, float] = {}
         self._task: asyncio.Task[None] | None = None
@@ -75,11 +80,24 @@ class StateFollower:
         return state
 
     async def check(self) -> None:
-        """One tick: apply a new revision, drop versions whose grace ran out."""
+        """One tick: apply a new revision, drop versions whose grace ran out, report."""
         state = await self.read()
         if state is not None and state.revision != self.applied_revision:
             await self.apply(state)
         await self._retire()
+        if state is not None and self.reachable:
+            await self._report()
+
+    async def _report(self) -> None:
+        """Tell the controller what this replica serves (it aborts a canary no replica can
+        load). Best effort: the controller treats a missing report as unknown."""
+        status = {"replica": REPLICA, **self.status(), "at": time.time()}
+        status.pop("desired", None)
+        ttl_s = max(10.0, 5 * self.interval_s)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(
+                asyncio.to_thread(self.store.report, REPLICA, status, ttl_s), self.read_timeout_s
+            )
 
     async def apply(self, state: DesiredState) -> None:
         gateway = self.gateway
@@ -116,7 +134,8 @@ class StateFollower:
             gateway.releases.pop(canary, None)
             canary = None
             await gateway.backend.serve_versions(serving)
-        if state.canary is not None and canary is None:
+        self.canary_failed = state.canary if state.canary is not None and canary is None else None
+        if self.canary_failed is not None:
             VERSION_LOAD_FAILURES.labels(role="canary").inc()
         await gateway.warm_up([v for v in (state.production, canary) if v is not None])
         weight = state.canary_weight if canary is not None else 0.0
@@ -182,6 +201,7 @@ class StateFollower:
                 "canary_percent": router.canary_percent,
             },
             "problems": list(self.problems),
+            "canary_failed": self.canary_failed,
         }
 
     async def _run(self) -> None:

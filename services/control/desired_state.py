@@ -96,6 +96,14 @@ class DesiredStateStore(ABC):
             )
         return state
 
+    @abstractmethod
+    def report(self, replica: str, status: dict, ttl_s: float) -> None:
+        """A gateway replica says what it applied (kept for ``ttl_s``)."""
+
+    @abstractmethod
+    def reports(self) -> list[dict]:
+        """The live replicas' last reports."""
+
     def close(self) -> None:
         return None
 
@@ -129,6 +137,14 @@ class RedisDesiredState(DesiredStateStore):
     def _swap(self, payload: str, expected_revision: int) -> bool:
         return bool(self.client.eval(_COMPARE_AND_SET, 1, self.key, payload, expected_revision))
 
+    def report(self, replica: str, status: dict, ttl_s: float) -> None:
+        self.client.set(f"{self.key}:replica:{replica}", json.dumps(status), px=int(ttl_s * 1000))
+
+    def reports(self) -> list[dict]:
+        keys = sorted(self.client.scan_iter(f"{self.key}:replica:*", count=1000))
+        values = self.client.mget(keys) if keys else []
+        return [json.loads(v) for v in values if v is not None]
+
     def close(self) -> None:
         if self._client is not None:
             self._client.close()
@@ -136,10 +152,12 @@ class RedisDesiredState(DesiredStateStore):
 
 
 class FileDesiredState(DesiredStateStore):
-    """A JSON file, replaced atomically (write + rename) under an exclusive lock file."""
+    """A JSON file, replaced atomically (write + rename) under an exclusive lock file;
+    replica reports in a ``replicas/`` directory beside it."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.directory = path.parent / "replicas"
 
     def read(self) -> DesiredState | None:
         try:
@@ -162,6 +180,24 @@ class FileDesiredState(DesiredStateStore):
                 os.fsync(handle.fileno())
             staging.replace(self.path)
             return True
+
+    def report(self, replica: str, status: dict, ttl_s: float) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        payload = json.dumps({"status": status, "expires": time.time() + ttl_s})
+        staging = self.directory / f".{replica}.tmp"
+        staging.write_text(payload)
+        staging.replace(self.directory / f"{replica}.json")
+
+    def reports(self) -> list[dict]:
+        found = []
+        for path in sorted(self.directory.glob("*.json")) if self.directory.is_dir() else []:
+            try:
+                entry = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if entry.get("expires", 0) > time.time():
+                found.append(entry["status"])
+        return found
 
 
 def make_desired_state_store(

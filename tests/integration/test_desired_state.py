@@ -75,3 +75,13 @@ def test_a_corrupted_stored_state_is_a_clear_error(tmp_path: Path) -> None:
     path.write_text('{"production": "one"}')
     with pytest.raises(CascadeError, match=r"desired state in .*desired\.json is invalid"):
         FileDesiredState(path).read()
+
+
+def test_replica_reports_are_read_back_until_they_expire(store: DesiredStateStore) -> None:
+    store.report("gw-1", {"replica": "gw-1", "applied_revision": 3}, ttl_s=60)
+    store.report("gw-2", {"replica": "gw-2", "canary_failed": 4}, ttl_s=0.01)
+    store.report("gw-1", {"replica": "gw-1", "applied_revision": 4}, ttl_s=60)  # replaces
+    import time
+
+    time.sleep(0.05)
+    assert store.reports() == [{"replica": "gw-1", "applied_revision": 4}]
