@@ -21,6 +21,7 @@ FEEDBACK_FIELDS = (
     "timestamp",
     "event_id",
     "request_id",
+    "hit",
 )
 # One impression set per answer: items and scores space-separated in rank order.
 IMPRESSION_FIELDS = (

@@ -34,23 +34,24 @@ async def _attribute(gateway: Gateway, body: FeedbackRequest) -> list[int | None
     return [resolved[e.request_id] if e.request_id else e.model_version for e in body.events]
 
 
-async def _count_hits(gateway: Gateway, body: FeedbackRequest, versions: list[int | None]) -> None:
-    """A request's first click makes its impression set a hit (hit rate per version)."""
+async def _first_clicks(
+    gateway: Gateway, body: FeedbackRequest, versions: list[int | None]
+) -> set[str]:
+    """The requests whose first click this is: their impression set becomes a hit (stored
+    on the event as ``hit: 1``, counted per version for the hit rate)."""
     clicked = {
         e.request_id: v
         for e, v in zip(body.events, versions, strict=True)
         if e.type == "click" and e.request_id and v is not None
     }
     if not clicked:
-        return
+        return set()
     ttl_s = gateway.settings.impressions.attribution_ttl_s
     timeout_s = gateway.settings.redis.timeout_ms / 1000
     firsts = await gateway.redis_breaker.call(
         lambda: gateway.store.first_hits(list(clicked), ttl_s), timeout_s
     )
-    for version, first in zip(clicked.values(), firsts, strict=True):
-        if first:
-            HITS.labels(model_version=version_label(version, gateway.releases)).inc()
+    return {request_id for request_id, first in zip(clicked, firsts, strict=True) if first}
 
 
 @router.post("/v1/feedback", response_model=FeedbackResponse, responses=ERROR_RESPONSES)
@@ -59,6 +60,7 @@ async def feedback(body: FeedbackRequest, gateway: GatewayDep) -> FeedbackRespon
     if refusal is not None:
         raise FeedbackNotDurable(refusal)
     versions = await _attribute(gateway, body)
+    hits = await _first_clicks(gateway, body, versions)
     now = int(time.time())
     events = [
         {
@@ -72,6 +74,10 @@ async def feedback(body: FeedbackRequest, gateway: GatewayDep) -> FeedbackRespon
         }
         for e, version in zip(body.events, versions, strict=True)
     ]
+    for event, e in zip(events, body.events, strict=True):
+        if e.type == "click" and e.request_id in hits:
+            event["hit"] = "1"
+            hits.discard(e.request_id)  # one event per request carries it
     settings = gateway.settings
     timeout_s = settings.redis.timeout_ms / 1000 * 4  # a durable write may take longer
     appended = await gateway.redis_breaker.call(
@@ -85,7 +91,9 @@ async def feedback(body: FeedbackRequest, gateway: GatewayDep) -> FeedbackRespon
             model_version=version_label(version, gateway.releases), type=event.type
         ).inc()
     FEEDBACK_DUPLICATES.inc(appended.duplicates)
-    await _count_hits(gateway, body, versions)
+    for event, version in zip(events, versions, strict=True):
+        if event.get("hit"):
+            HITS.labels(model_version=version_label(version, gateway.releases)).inc()
     return FeedbackResponse(
         stored=len(appended.ids) - appended.duplicates,
         duplicates=appended.duplicates,
