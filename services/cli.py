@@ -279,6 +279,7 @@ def _commands() -> dict[str, tuple[Callable[[Any], None], Callable[[argparse.Nam
     imported lazily by their run function, so `cascade --help` stays fast."""
     from pipelines.retrain import command as retrain_command
     from services.control import commands as control
+    from services.control import rollout_commands as rollout
 
     return {
         "train": (_train_parser, _run_train),
@@ -288,6 +289,9 @@ def _commands() -> dict[str, tuple[Callable[[Any], None], Callable[[argparse.Nam
         "gc": (control.gc_parser, control.run_gc),
         "simulate": (simulator.add_parser, simulator.run),
         "retrain": (retrain_command.add_parser, retrain_command.run),
+        "rollout": (rollout.add_rollout_parser, rollout.run_rollout),
+        "rollback": (rollout.add_rollback_parser, rollout.run_rollback),
+        "promote": (rollout.add_promote_parser, rollout.run_promote),
     }
 
 

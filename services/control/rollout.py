@@ -1,0 +1,440 @@
+"""The rollout controller: a blessed candidate reaches users step by step, judged on live
+traffic against the production version served beside it, and leaves on its own when worse.
+
+One look (``RolloutController.look``), every ``interval_s``:
+
+1. read the impression and feedback streams from where the last look stopped and add them
+   to the two arms (production = control, candidate = canary): answers, items shown,
+   clicks, hits, errors and degraded answers from the logged reasons, a latency histogram;
+2. abort when the candidate's artifacts vanished or a gateway replica reports it cannot
+   load the candidate (production untouched);
+3. ``analysis.analyse``: sample-ratio mismatch halts (rolled back, reason ``srm``), a
+   guardrail breach fails at once, the always-valid CTR test passes, fails or holds;
+4. act: fail → roll back; pass for at least ``min_step_s`` → next weight, or promote after
+   the last; hold past ``step_deadline_s`` → roll back with reason ``no_traffic``.
+
+Every look's decision (values, thresholds, p-values, sample sizes) is stored in the rollout
+record and appended to the audit trail; the record holds the stream cursors and counts, so a
+killed controller resumes where it was. The registry's ``rollout`` lock keeps two
+controllers from driving at once. When Redis (streams, desired state) cannot be read the
+look is skipped: the controller pauses and never promotes blind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from prometheus_client import Counter, Gauge
+
+from pipelines.errors import CascadeError
+from services.control.analysis import AnalysisConfig, Decision, SequentialState, analyse
+from services.control.desired_state import DesiredState, DesiredStateStore
+from services.control.registry import Registry, VersionState, adopt_served
+from services.control.rollout_state import RolloutLog, RolloutRecord
+from services.stores.base import OnlineStore
+
+log = logging.getLogger(__name__)
+
+ERROR_REASONS = (":error", ":bad_scores")  # a model failed, not just a fallback taken
+READ_BATCH = 10_000
+
+ROLLOUT_STATE = Gauge("cascade_rollout_state", "1 for the rollout's current status.", ["status"])
+ROLLOUT_WEIGHT = Gauge("cascade_rollout_canary_weight", "The canary's configured traffic share.")
+ROLLOUT_DECISIONS = Counter(
+    "cascade_rollout_decisions_total",
+    "Rollout looks, by outcome and reason.",
+    ["outcome", "reason"],
+)
+ROLLOUT_VALUES = Gauge(
+    "cascade_rollout_analysis_value", "The last look's analysis values.", ["name"]
+)
+ROLLOUT_THRESHOLDS = Gauge(
+    "cascade_rollout_analysis_threshold", "The thresholds the values are judged against.", ["name"]
+)
+PUBLISHED_VALUES = (
+    "ctr_rate_control",
+    "ctr_rate_canary",
+    "ctr_difference",
+    "ctr_cs_lower",
+    "ctr_cs_upper",
+    "ctr_non_inferiority_bound",
+    "ctr_always_valid_p",
+    "hit_rate_rate_control",
+    "hit_rate_rate_canary",
+    "error_rate_difference",
+    "degraded_rate_difference",
+    "srm_p",
+    "p99_ms_control",
+    "p99_ms_canary",
+    "p99_ratio",
+    "impressions_control",
+    "impressions_canary",
+)
+STATUSES = ("running", "promoted", "rolled_back", "paused")
+
+
+class RolloutRefused(CascadeError):
+    """The rollout cannot start or act (the message says why)."""
+
+
+@dataclass(frozen=True)
+class RolloutPlan:
+    """Steps and timing of a rollout, and the analysis it is judged by."""
+
+    weights: tuple[float, ...] = (0.05, 0.25, 0.5)
+    min_step_s: float = 300.0
+    interval_s: float = 30.0
+    step_deadline_s: float = 3600.0
+    analysis: AnalysisConfig = field(default_factory=AnalysisConfig)
+
+    def __post_init__(self) -> None:
+        if not self.weights or any(not 0 < w < 1 for w in self.weights):
+            raise RolloutRefused(f"step weights must lie in (0, 1), got {list(self.weights)}")
+        if list(self.weights) != sorted(self.weights):
+            raise RolloutRefused(f"step weights must increase, got {list(self.weights)}")
+        if min(self.min_step_s, self.interval_s, self.step_deadline_s) <= 0:
+            raise RolloutRefused("min_step_s, interval_s and step_deadline_s must be > 0")
+        if self.step_deadline_s < self.min_step_s:
+            raise RolloutRefused("step_deadline_s must be at least min_step_s")
+
+
+class RolloutController:
+    """Drives one rollout through the desired state, the registry and the audit trail."""
+
+    def __init__(
+        self,
+        artifacts: Path,
+        registry: Registry,
+        desired: DesiredStateStore,
+        rollout_log: RolloutLog,
+        store: OnlineStore,
+        plan: RolloutPlan,
+        clock: Any = time.time,
+    ) -> None:
+        self.artifacts = artifacts
+        self.registry = registry
+        self.desired = desired
+        self.log = rollout_log
+        self.store = store
+        self.plan = plan
+        self.clock = clock
+        self.paused = False
+
+    # -- starting -------------------------------------------------------------------------
+
+    def start(self, version: int, force: bool = False) -> RolloutRecord:
+        """Begin rolling out ``version`` (or return the running rollout of it: resume)."""
+        current = self.log.load()
+        if current is not None and current.status == "running":
+            if current.version == version:
+                log.info("resuming the rollout of version %d at step %d", version, current.step)
+                return current
+            raise RolloutRefused(
+                f"the rollout of version {current.version} is still running: wait for it, or "
+                "`cascade rollback` / `cascade promote` it first"
+            )
+        if not (self.artifacts / "releases" / str(version) / "manifest.json").is_file():
+            raise RolloutRefused(f"version {version} has no complete export under {self.artifacts}")
+        record = self.registry.get(version)
+        forced = False
+        if record is None or record.state == VersionState.REJECTED:
+            if not force:
+                why = "was never validated" if record is None else "was rejected by the gate"
+                raise RolloutRefused(
+                    f"version {version} {why}: run `cascade retrain`, or --force (recorded)"
+                )
+            verdict = dict((record.verdict if record else None) or {"verdict": "unvalidated"})
+            self.registry.register(version, {**verdict, "forced": True})
+            forced = True
+        elif record.state != VersionState.CANDIDATE:
+            raise RolloutRefused(
+                f"version {version} is {record.state.value}: only a candidate can be rolled out"
+            )
+        production = adopt_served(self.registry, self.artifacts)
+        if production is None or production == version:
+            raise RolloutRefused("there is no production version to compare the candidate with")
+        self.registry.transition(version, VersionState.CANARY, "rollout started")
+        now = self.clock()
+        start_cursor = f"{int(now * 1000)}-0"  # stream ids are millisecond timestamps
+        record_ = RolloutRecord(
+            id=secrets.token_hex(4),
+            version=version,
+            production=production,
+            weights=list(self.plan.weights),
+            forced=forced or bool(record and (record.verdict or {}).get("forced")),
+            started_at=now,
+            step_started_at=now,
+            cursors={"impressions": start_cursor, "feedback": start_cursor},
+            step_requests=[0],
+        )
+        self.log.save(record_)
+        self._audit(record_, "started", {"forced": record_.forced})
+        self._set_desired(production, version, record_.weight, 0, f"rollout {record_.id} step 0")
+        self._publish(record_)
+        return record_
+
+    # -- one look -------------------------------------------------------------------------
+
+    async def look(self) -> RolloutRecord | None:
+        """One analysis interval; returns the record (None when no rollout is running)."""
+        record = self.log.load()
+        if record is None or record.status != "running":
+            return record
+        try:
+            await self._read_streams(record)
+        except Exception as error:  # Redis away: pause, never act on stale data
+            self.paused = True
+            self._publish(record)
+            log.warning("rollout %s paused: the streams cannot be read (%r)", record.id, error)
+            return record
+        self.paused = False
+        problem = self._deployment_problem(record)
+        if problem is not None:
+            reason, detail = problem
+            self._finish(record, rolled_back=True, reason=reason, detail=detail)
+            return record
+        decision, state = analyse(
+            record.arm("control").stats(),
+            record.arm("canary").stats(),
+            record.effective_weight(),
+            self.plan.analysis,
+            SequentialState(**record.sequential),
+        )
+        record.sequential = dataclasses.asdict(state)
+        record.looks += 1
+        record.last_decision = _decision_dict(decision, record)
+        self._audit(record, "look", record.last_decision)
+        ROLLOUT_DECISIONS.labels(decision.outcome, decision.reason).inc()
+        self._act(record, decision)
+        self.log.save(record)
+        self._publish(record, decision)
+        return record
+
+    def _act(self, record: RolloutRecord, decision: Decision) -> None:
+        in_step = self.clock() - record.step_started_at
+        if decision.outcome == "fail":
+            self._finish(record, rolled_back=True, reason=decision.reason)
+        elif decision.outcome == "halt":
+            self._finish(record, rolled_back=True, reason="srm")
+        elif decision.outcome == "pass" and in_step >= self.plan.min_step_s:
+            self._advance(record)
+        elif decision.outcome == "hold" and in_step >= self.plan.step_deadline_s:
+            self._finish(record, rolled_back=True, reason="no_traffic")
+
+    async def _read_streams(self, record: RolloutRecord) -> None:
+        arms = {record.production: record.arm("control"), record.version: record.arm("canary")}
+        while True:
+            entries = await self.store.read_stream(
+                "impressions", record.cursors["impressions"], READ_BATCH
+            )
+            latencies: dict[int, list[float]] = {version: [] for version in arms}
+            for stream_id, fields in entries:
+                record.cursors["impressions"] = stream_id
+                version = _int(fields.get("model_version"))
+                arm = arms.get(version)
+                if arm is None:
+                    continue
+                reasons = fields.get("reasons", "").split()
+                arm.requests += 1
+                arm.impressions += len(fields.get("items", "").split())
+                arm.degraded += bool(reasons)
+                arm.errors += any(r.endswith(ERROR_REASONS) for r in reasons)
+                latencies[version].append(_float(fields.get("latency_ms")))
+                record.step_requests[record.step] += 1
+            for version, values in latencies.items():
+                arms[version].add_latencies(np.asarray(values, np.float64))
+            if len(entries) < READ_BATCH:
+                break
+        while True:
+            entries = await self.store.read_stream(
+                "feedback", record.cursors["feedback"], READ_BATCH
+            )
+            for stream_id, fields in entries:
+                record.cursors["feedback"] = stream_id
+                arm = arms.get(_int(fields.get("model_version")))
+                if arm is None or fields.get("type") != "click":
+                    continue
+                arm.clicks += 1
+                arm.hits += fields.get("hit") == "1"
+            if len(entries) < READ_BATCH:
+                break
+
+    def _deployment_problem(self, record: RolloutRecord) -> tuple[str, str] | None:
+        release = self.artifacts / "releases" / str(record.version)
+        if not (release / "manifest.json").is_file():
+            return "artifact_missing", f"{release} is gone (deleted mid-rollout?)"
+        for report in self.desired.reports():
+            if report.get("canary_failed") == record.version:
+                problems = "; ".join(report.get("problems", []))
+                return "canary_load_failed", f"replica {report.get('replica')}: {problems}"
+        return None
+
+    # -- moving on ------------------------------------------------------------------------
+
+    def _advance(self, record: RolloutRecord) -> None:
+        if record.step + 1 >= len(record.weights):
+            self._finish(record, rolled_back=False, reason="kpi_pass")
+            return
+        record.step += 1
+        record.step_started_at = self.clock()
+        record.step_requests.append(0)
+        self._audit(record, "step", {"step": record.step, "weight": record.weight})
+        self._set_desired(
+            record.production,
+            record.version,
+            record.weight,
+            record.step,
+            f"rollout {record.id} step {record.step}",
+        )
+
+    def _finish(
+        self, record: RolloutRecord, rolled_back: bool, reason: str, detail: str = ""
+    ) -> None:
+        """Roll back (canary out, production untouched) or promote (canary -> production)."""
+        if rolled_back:
+            self._set_desired(record.production, None, 0.0, record.step, f"rolled back: {reason}")
+            self.registry.transition(record.version, VersionState.RETIRED, f"rolled back: {reason}")
+            record.status = "rolled_back"
+        else:
+            self._set_desired(record.version, None, 0.0, record.step, f"promoted: {reason}")
+            self.registry.transition(record.version, VersionState.PRODUCTION, f"promoted: {reason}")
+            record.status = "promoted"
+        record.reason = reason
+        self.log.save(record)
+        self._audit(record, record.status, {"reason": reason, "detail": detail})
+        self._publish(record)
+        log.warning(
+            "rollout %s of version %d %s: %s %s",
+            record.id,
+            record.version,
+            record.status.replace("_", " "),
+            reason,
+            detail,
+        )
+
+    def rollback(self, reason: str = "manual") -> RolloutRecord | None:
+        """Roll the running rollout back now; with none running, restore the previous
+        production (undo the last promotion). Returns the rollout record it acted on."""
+        record = self.log.load()
+        if record is not None and record.status == "running":
+            self._finish(record, rolled_back=True, reason=reason)
+            return record
+        previous = self.registry.previous_production()
+        if previous is None:
+            raise RolloutRefused("nothing to roll back: no rollout runs and no previous production")
+        self.registry.transition(previous, VersionState.PRODUCTION, f"rolled back: {reason}")
+        self._set_desired(previous, None, 0.0, 0, f"rolled back to {previous}: {reason}")
+        return record
+
+    def promote(self, reason: str = "manual") -> RolloutRecord:
+        record = self.log.load()
+        if record is None or record.status != "running":
+            raise RolloutRefused("no rollout is running: nothing to promote")
+        self._finish(record, rolled_back=False, reason=reason)
+        return record
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    def _set_desired(
+        self, production: int, canary: int | None, weight: float, step: int, reason: str
+    ) -> DesiredState:
+        """Compare-and-set the desired state (re-read and retry when a writer raced us)."""
+        for _ in range(5):
+            current = self.desired.read()
+            fields = {
+                "production": production,
+                "canary": canary,
+                "canary_weight": weight,
+                "step": step,
+                "reason": reason,
+            }
+            if current is None:
+                state = DesiredState(revision=1, **fields)
+                expected = 0
+            else:
+                state, expected = current.next(**fields), current.revision
+            try:
+                return self.desired.write(state, expected)
+            except CascadeError:
+                continue
+        raise RolloutRefused("the desired state keeps changing under the controller")
+
+    def _audit(self, record: RolloutRecord, event: str, details: dict[str, Any]) -> None:
+        self.log.append(
+            {
+                "at": self.clock(),
+                "rollout": record.id,
+                "version": record.version,
+                "production": record.production,
+                "step": record.step,
+                "weight": record.weight,
+                "event": event,
+                **details,
+            }
+        )
+
+    def _publish(self, record: RolloutRecord, decision: Decision | None = None) -> None:
+        status = "paused" if self.paused and record.status == "running" else record.status
+        for known in STATUSES:
+            ROLLOUT_STATE.labels(known).set(1.0 if known == status else 0.0)
+        ROLLOUT_WEIGHT.set(record.weight if record.status == "running" else 0.0)
+        if decision is None:
+            return
+        for name in PUBLISHED_VALUES:
+            value = decision.values.get(name)
+            if isinstance(value, int | float):
+                ROLLOUT_VALUES.labels(name).set(float(value))
+        config = self.plan.analysis
+        ROLLOUT_THRESHOLDS.labels("alpha").set(config.alpha)
+        ROLLOUT_THRESHOLDS.labels("non_inferiority_margin").set(config.non_inferiority_margin)
+        ROLLOUT_THRESHOLDS.labels("srm_alpha").set(config.srm_alpha)
+        ROLLOUT_THRESHOLDS.labels("max_p99_ratio").set(config.max_p99_ratio)
+
+    async def run(self, lock: Any | None = None, max_looks: int | None = None) -> RolloutRecord:
+        """Look every interval until the rollout is promoted or rolled back."""
+        looks = 0
+        while True:
+            if lock is not None:
+                lock.refresh()
+            record = await self.look()
+            looks += 1
+            if record is None or record.status != "running":
+                if record is None:
+                    raise RolloutRefused("no rollout to drive: start one with `cascade rollout N`")
+                return record
+            if max_looks is not None and looks >= max_looks:
+                return record
+            await asyncio.sleep(self.plan.interval_s)
+
+
+def _decision_dict(decision: Decision, record: RolloutRecord) -> dict[str, Any]:
+    return {
+        "outcome": decision.outcome,
+        "reason": decision.reason,
+        "look": record.looks,
+        "checks": [dataclasses.asdict(check) for check in decision.checks],
+        "values": decision.values,
+    }
+
+
+def _int(value: str | None) -> int:
+    """A stream field as an int; -1 (no arm) when missing or malformed."""
+    try:
+        return int(value) if value else -1
+    except ValueError:
+        return -1
+
+
+def _float(value: str | None) -> float:
+    try:
+        return float(value) if value else 0.0
+    except ValueError:
+        return 0.0

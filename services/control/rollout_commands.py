@@ -1,0 +1,270 @@
+"""``cascade rollout VERSION`` / ``cascade rollout status`` / ``cascade rollback`` /
+``cascade promote``: the rollout controller's command line.
+
+Exit codes of ``cascade rollout VERSION``: 0 promoted, 1 rolled back, 2 refused or failed
+(``--once``: 0 after one look, whatever it decided).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from services.control.analysis import AnalysisConfig
+from services.control.rollout import RolloutController, RolloutPlan, RolloutRefused
+from services.control.rollout_state import RolloutRecord
+
+LOCK_NAME = "rollout"
+
+
+def _controller(args: argparse.Namespace, plan: RolloutPlan | None = None) -> RolloutController:
+    from services.control.desired_state import make_desired_state_store
+    from services.control.registry import make_registry
+    from services.control.rollout_state import make_rollout_log
+    from services.gateway import make_store
+    from services.settings import Settings
+
+    overrides: dict[str, Any] = {}
+    if getattr(args, "artifacts", None) is not None:
+        overrides["artifacts"] = args.artifacts
+    settings = Settings(**overrides)
+    url, namespace = settings.redis.url, settings.redis.namespace
+    return RolloutController(
+        settings.artifacts,
+        make_registry(settings),
+        make_desired_state_store(url, namespace, settings.artifacts),
+        make_rollout_log(url, namespace, settings.artifacts),
+        make_store(settings),
+        plan or RolloutPlan(),
+    )
+
+
+def add_rollout_parser(commands: Any) -> None:
+    parser = commands.add_parser(
+        "rollout",
+        help="roll a validated version out step by step (or: rollout status)",
+        description="Route a growing share of users to VERSION (a candidate the validation "
+        "gate passed), judge it every interval against production on live traffic, promote it "
+        "after the last step or roll it back when it is worse, breaks a guardrail, gets no "
+        "traffic, or a replica cannot load it. Running it again resumes a running rollout. "
+        "Exit code: 0 promoted, 1 rolled back, 2 refused or failed.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    plan, analysis = RolloutPlan(), AnalysisConfig()
+    parser.add_argument("target", help="the version to roll out, or `status`")
+    parser.add_argument("--artifacts", type=Path, default=None, help="export root")
+    parser.add_argument(
+        "--steps",
+        default=",".join(f"{w:g}" for w in plan.weights),
+        help="canary weights of the steps (then promotion)",
+    )
+    parser.add_argument(
+        "--min-step-s", type=float, default=plan.min_step_s, help="a step lasts at least this long"
+    )
+    parser.add_argument(
+        "--interval-s", type=float, default=plan.interval_s, help="seconds between looks"
+    )
+    parser.add_argument(
+        "--step-deadline-s",
+        type=float,
+        default=plan.step_deadline_s,
+        help="a step holding this long for lack of data rolls back (no_traffic)",
+    )
+    parser.add_argument(
+        "--margin",
+        type=float,
+        default=analysis.non_inferiority_margin,
+        help="relative CTR loss the canary may show and still pass",
+    )
+    parser.add_argument(
+        "--min-impressions",
+        type=int,
+        default=analysis.min_impressions,
+        help="per arm before the CTR test judges",
+    )
+    parser.add_argument(
+        "--min-requests",
+        type=int,
+        default=analysis.min_requests,
+        help="per arm before the guardrails judge",
+    )
+    parser.add_argument(
+        "--alpha",
+        type=float,
+        default=analysis.alpha,
+        help="error rate of the sequential tests over all looks",
+    )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="roll out a version the gate rejected or never saw (recorded)",
+    )
+    parser.add_argument("--once", action="store_true", help="start or resume, look once, exit")
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        help="serve the controller's Prometheus metrics on 127.0.0.1 (0: off)",
+    )
+    parser.add_argument("--json", action="store_true", help="status: print JSON")
+
+
+def _plan(args: argparse.Namespace) -> RolloutPlan:
+    try:
+        weights = tuple(float(w) for w in args.steps.split(","))
+    except ValueError:
+        raise RolloutRefused(
+            f"--steps must be numbers separated by commas, got {args.steps!r}"
+        ) from None
+    analysis = AnalysisConfig(
+        alpha=args.alpha,
+        non_inferiority_margin=args.margin,
+        min_impressions=args.min_impressions,
+        min_requests=args.min_requests,
+    )
+    return RolloutPlan(weights, args.min_step_s, args.interval_s, args.step_deadline_s, analysis)
+
+
+def run_rollout(args: argparse.Namespace) -> int:
+    if args.target == "status":
+        return _status(args)
+    try:
+        version = int(args.target)
+    except ValueError:
+        raise RolloutRefused(
+            f"rollout: expected a version number or `status`, got {args.target!r}"
+        ) from None
+    controller = _controller(args, _plan(args))
+    if args.metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(args.metrics_port, addr="127.0.0.1")
+    with ExitStack() as stack:
+        lock = stack.enter_context(
+            controller.registry.lock(LOCK_NAME, ttl_s=max(60.0, 3 * controller.plan.interval_s))
+        )
+        record = controller.start(version, force=args.force)
+        print(
+            f"rollout {record.id}: version {version} against production "
+            f"{record.production}, step {record.step} at {record.weight:.0%}",
+            flush=True,
+        )
+        record = asyncio.run(_drive(controller, lock, max_looks=1 if args.once else None))
+    _print(record)
+    if args.once or record.status == "running":
+        return 0
+    return 0 if record.status == "promoted" else 1
+
+
+async def _drive(controller: RolloutController, lock: Any, max_looks: int | None) -> RolloutRecord:
+    await controller.store.start()
+    try:
+        last = None
+        looks = 0
+        while True:
+            lock.refresh()
+            record = await controller.look()
+            looks += 1
+            if record is None:
+                raise RolloutRefused("the rollout record disappeared")
+            decision = record.last_decision or {}
+            if decision.get("look") != last:
+                last = decision.get("look")
+                print(
+                    f"look {last}: step {record.step} ({record.weight:.0%}) "
+                    f"{decision.get('outcome')} ({decision.get('reason')})",
+                    flush=True,
+                )
+            if record.status != "running" or (max_looks is not None and looks >= max_looks):
+                return record
+            await asyncio.sleep(controller.plan.interval_s)
+    finally:
+        await controller.store.close()
+
+
+def _print(record: RolloutRecord | None) -> None:
+    if record is None:
+        print("no rollout has run")
+        return
+    print(
+        f"rollout {record.id}: version {record.version} vs production {record.production}: "
+        f"{record.status.replace('_', ' ')}"
+        + (f" ({record.reason})" if record.reason else "")
+        + f", step {record.step} at {record.weight:.0%}, {record.looks} looks"
+    )
+    for name, arm in sorted(record.arms.items()):
+        ctr = arm.clicks / arm.impressions if arm.impressions else 0.0
+        print(
+            f"  {name:<8} answers {arm.requests:>7}  shown {arm.impressions:>8}  "
+            f"clicks {arm.clicks:>6}  ctr {ctr:.4f}  errors {arm.errors}  "
+            f"degraded {arm.degraded}  p99 {arm.p99_ms() or 0:.1f} ms"
+        )
+
+
+def _status(args: argparse.Namespace) -> int:
+    controller = _controller(args)
+    record = controller.log.load()
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "rollout": None if record is None else record.model_dump(),
+                    "desired": None if (d := controller.desired.read()) is None else d.model_dump(),
+                    "audit": controller.log.audit(20),
+                },
+                sort_keys=True,
+                default=str,
+            )
+        )
+        return 0
+    _print(record)
+    if record is not None and record.last_decision:
+        decision = record.last_decision
+        print(f"  last look {decision['look']}: {decision['outcome']} ({decision['reason']})")
+        for check in decision["checks"]:
+            print(f"    {check['name']:<18} passed={check['passed']!s:<5} {check['detail']}")
+    return 0
+
+
+def add_rollback_parser(commands: Any) -> None:
+    parser = commands.add_parser(
+        "rollback",
+        help="roll the running rollout back now (or undo the last promotion)",
+        description="With a rollout running: take the canary out at once (production "
+        "untouched). With none: make the previous production the production again.",
+    )
+    parser.add_argument("--artifacts", type=Path, default=None, help="export root")
+    parser.add_argument("--reason", default="manual", help="recorded in the audit trail")
+
+
+def run_rollback(args: argparse.Namespace) -> int:
+    controller = _controller(args)
+    with controller.registry.lock(LOCK_NAME, ttl_s=60):
+        record = controller.rollback(f"manual: {args.reason}")
+    desired = controller.desired.read()
+    print(f"rolled back; serving production {desired.production if desired else '?'}")
+    _print(record)
+    return 0
+
+
+def add_promote_parser(commands: Any) -> None:
+    parser = commands.add_parser(
+        "promote",
+        help="promote the running rollout's canary now (recorded)",
+        description="Make the running rollout's canary the production version without "
+        "waiting for its analysis (recorded with the reason in the audit trail).",
+    )
+    parser.add_argument("--artifacts", type=Path, default=None, help="export root")
+    parser.add_argument("--reason", default="manual", help="recorded in the audit trail")
+
+
+def run_promote(args: argparse.Namespace) -> int:
+    controller = _controller(args)
+    with controller.registry.lock(LOCK_NAME, ttl_s=60):
+        record = controller.promote(f"manual: {args.reason}")
+    _print(record)
+    return 0

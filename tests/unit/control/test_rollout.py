@@ -1,0 +1,277 @@
+"""The rollout controller on simulated streams (in-memory store, file registry, file desired
+state): every outcome, resumption, refusals and manual actions (issue 10)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from services.control.analysis import AnalysisConfig
+from services.control.desired_state import FileDesiredState
+from services.control.registry import FileRegistry, VersionState
+from services.control.rollout import RolloutController, RolloutPlan, RolloutRefused
+from services.control.rollout_state import FileRolloutLog
+from services.stores.memory import InMemoryStore
+from tests.unit.control.fake_exports import FAIL, PASS, make_version
+
+ANALYSIS = AnalysisConfig(min_impressions=500, min_requests=50, non_inferiority_margin=0.3)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def artifacts(tmp_path: Path) -> Path:
+    root = tmp_path / "artifacts"
+    registry = FileRegistry(root / "registry.json")
+    for version in (1, 2):
+        make_version(root, version)
+    registry.adopt(1, "first deploy")
+    registry.register(2, PASS)
+    return root
+
+
+def _controller(
+    artifacts: Path, store: InMemoryStore, clock: Clock, **plan: object
+) -> RolloutController:
+    options: dict = {
+        "min_step_s": 10,
+        "interval_s": 1,
+        "step_deadline_s": 100,
+        "analysis": ANALYSIS,
+    }
+    options.update(plan)
+    return RolloutController(
+        artifacts,
+        FileRegistry(artifacts / "registry.json"),
+        FileDesiredState(artifacts / "rollout" / "desired.json"),
+        FileRolloutLog(artifacts / "rollout"),
+        store,
+        RolloutPlan(**options),
+        clock=clock,
+    )
+
+
+async def _traffic(
+    store: InMemoryStore,
+    rng: np.random.Generator,
+    weight: float,
+    ctr: dict[int, float],
+    answers: int = 400,
+    reasons: dict[int, str] | None = None,
+) -> None:
+    """``answers`` impression sets of 10 items split by ``weight`` (version 2 = canary), and
+    clicks drawn with each version's CTR, as the gateway logs them."""
+    impressions, clicks = [], []
+    for number in range(answers):
+        version = 2 if rng.random() < weight else 1
+        request_id = f"{rng.integers(2**62):032x}"[-32:]
+        impressions.append(
+            {
+                "request_id": request_id,
+                "user_id": str(number),
+                "model_version": str(version),
+                "items": " ".join(str(i) for i in range(10)),
+                "scores": "1 " * 10,
+                "degraded": "0",
+                "reasons": (reasons or {}).get(version, ""),
+                "latency_ms": "5.0",
+                "timestamp": "0",
+            }
+        )
+        shown = rng.random(10) < ctr[version]
+        for rank, click in enumerate(shown):
+            if click:
+                clicks.append(
+                    {
+                        "user_id": str(number),
+                        "item_id": str(rank),
+                        "type": "click",
+                        "model_version": str(version),
+                        "request_id": request_id,
+                        "hit": "1" if rank == int(np.argmax(shown)) else "0",
+                    }
+                )
+    await store.append_impressions(impressions, max_len=10**7, ttl_s=60)
+    if clicks:
+        await store.append_feedback(clicks, max_len=10**7, idempotency_ttl_s=60)
+
+
+async def test_a_worse_canary_is_rolled_back_before_half_the_traffic(artifacts: Path) -> None:
+    store, clock, rng = InMemoryStore(), Clock(), np.random.default_rng(0)
+    controller = _controller(artifacts, store, clock)
+    record = controller.start(2)
+    desired = controller.desired.read()
+    assert desired is not None and (desired.canary, desired.canary_weight) == (2, 0.05)
+    for _ in range(60):
+        await _traffic(store, rng, record.weight, {1: 0.10, 2: 0.03})
+        clock.now += 2
+        record = await controller.look()  # type: ignore[assignment]
+        if record.status != "running":
+            break
+    assert record.status == "rolled_back" and record.reason == "kpi_worse"
+    assert max(record.weights[: record.step + 1]) < 0.5
+    desired = controller.desired.read()
+    assert desired is not None and desired.production == 1 and desired.canary is None
+    assert controller.registry.get(2).state == VersionState.RETIRED  # type: ignore[union-attr]
+    events = [entry["event"] for entry in controller.log.audit(1000)]
+    assert events[0] == "started" and events[-1] == "rolled_back" and "look" in events
+
+
+async def test_a_good_canary_walks_every_step_and_is_promoted(artifacts: Path) -> None:
+    store, clock, rng = InMemoryStore(), Clock(), np.random.default_rng(1)
+    controller = _controller(artifacts, store, clock)
+    record = controller.start(2)
+    weights_seen = []
+    for _ in range(200):
+        await _traffic(store, rng, record.weight, {1: 0.05, 2: 0.08}, answers=600)
+        clock.now += 5
+        record = await controller.look()  # type: ignore[assignment]
+        weights_seen.append(record.weight)
+        if record.status != "running":
+            break
+    assert record.status == "promoted", record.last_decision
+    assert sorted(set(weights_seen)) == [0.05, 0.25, 0.5]
+    desired = controller.desired.read()
+    assert desired is not None and desired.production == 2 and desired.canary is None
+    assert controller.registry.production() == 2
+    assert controller.registry.previous_production() == 1
+    decision = record.last_decision
+    assert decision is not None and decision["outcome"] == "pass"
+    assert {"ctr_cs_lower", "ctr_always_valid_p", "srm_p"} <= set(decision["values"])
+
+
+async def test_no_traffic_holds_then_rolls_back_at_the_deadline(artifacts: Path) -> None:
+    store, clock = InMemoryStore(), Clock()
+    controller = _controller(artifacts, store, clock)
+    controller.start(2)
+    record = await controller.look()
+    assert record is not None and record.status == "running"
+    assert record.last_decision is not None and record.last_decision["outcome"] == "hold"
+    clock.now += 101
+    record = await controller.look()
+    assert record is not None and record.status == "rolled_back" and record.reason == "no_traffic"
+
+
+async def test_a_guardrail_breach_rolls_back_at_once(artifacts: Path) -> None:
+    store, clock, rng = InMemoryStore(), Clock(), np.random.default_rng(2)
+    controller = _controller(artifacts, store, clock, weights=(0.5,))
+    controller.start(2)
+    await _traffic(store, rng, 0.5, {1: 0.05, 2: 0.05}, answers=400, reasons={2: "scoring:error"})
+    record = await controller.look()
+    assert record is not None and record.status == "rolled_back"
+    assert record.reason == "error_rate"
+
+
+async def test_a_sample_ratio_mismatch_rolls_back(artifacts: Path) -> None:
+    store, clock, rng = InMemoryStore(), Clock(), np.random.default_rng(3)
+    controller = _controller(artifacts, store, clock, weights=(0.5,))
+    controller.start(2)
+    await _traffic(store, rng, 0.2, {1: 0.05, 2: 0.05}, answers=2000)  # configured 0.5
+    record = await controller.look()
+    assert record is not None and record.status == "rolled_back" and record.reason == "srm"
+
+
+async def test_a_restarted_controller_resumes_without_counting_twice(artifacts: Path) -> None:
+    store, clock, rng = InMemoryStore(), Clock(), np.random.default_rng(4)
+    first = _controller(artifacts, store, clock)
+    first.start(2)
+    await _traffic(store, rng, 0.05, {1: 0.05, 2: 0.05}, answers=300)
+    before = await first.look()
+    assert before is not None
+    second = _controller(artifacts, store, clock)  # the first one was killed
+    resumed = second.start(2)
+    assert resumed.id == before.id and resumed.cursors == before.cursors
+    after = await second.look()
+    assert after is not None
+    assert after.arms["control"].requests == before.arms["control"].requests
+    assert after.looks == before.looks + 1
+
+
+async def test_a_replica_that_cannot_load_the_canary_aborts_it(artifacts: Path) -> None:
+    store, clock = InMemoryStore(), Clock()
+    controller = _controller(artifacts, store, clock)
+    controller.start(2)
+    controller.desired.report(
+        "gw-1",
+        {"replica": "gw-1", "canary_failed": 2, "problems": ["canary 2 cannot be loaded: boom"]},
+        60,
+    )
+    record = await controller.look()
+    assert record is not None and record.status == "rolled_back"
+    assert record.reason == "canary_load_failed"
+    desired = controller.desired.read()
+    assert desired is not None and desired.production == 1 and desired.canary is None
+
+
+async def test_a_version_deleted_mid_rollout_aborts(artifacts: Path) -> None:
+    store, clock = InMemoryStore(), Clock()
+    controller = _controller(artifacts, store, clock)
+    controller.start(2)
+    shutil.rmtree(artifacts / "releases" / "2")
+    record = await controller.look()
+    assert record is not None and (record.status, record.reason) == (
+        "rolled_back",
+        "artifact_missing",
+    )
+    audit = controller.log.audit(5)
+    assert "releases/2 is gone" in audit[-1]["detail"]
+
+
+class _Unreachable(InMemoryStore):
+    async def read_stream(self, name: str, after: str = "0-0", count: int = 10_000) -> list:
+        raise ConnectionError("redis is away")
+
+
+async def test_unreadable_streams_pause_and_never_act(artifacts: Path) -> None:
+    clock = Clock()
+    controller = _controller(artifacts, _Unreachable(), clock)
+    controller.start(2)
+    clock.now += 1000  # far past the deadline: an unpaused controller would roll back
+    record = await controller.look()
+    assert record is not None and record.status == "running" and record.looks == 0
+    assert controller.paused
+
+
+def test_refusals(artifacts: Path) -> None:
+    store, clock = InMemoryStore(), Clock()
+    registry = FileRegistry(artifacts / "registry.json")
+    make_version(artifacts, 3)
+    registry.register(3, FAIL)
+    controller = _controller(artifacts, store, clock)
+    with pytest.raises(RolloutRefused, match="rejected by the gate"):
+        controller.start(3)
+    with pytest.raises(RolloutRefused, match="no complete export"):
+        controller.start(9)
+    with pytest.raises(RolloutRefused, match="is production"):
+        controller.start(1)
+    record = controller.start(3, force=True)
+    assert record.forced and registry.get(3).state == VersionState.CANARY  # type: ignore[union-attr]
+    with pytest.raises(RolloutRefused, match="rollout of version 3 is still running"):
+        controller.start(2)
+    with pytest.raises(RolloutRefused, match="weights must lie in"):
+        RolloutPlan(weights=(0.5, 1.0))
+
+
+async def test_manual_promote_then_rollback_restores_the_previous_production(
+    artifacts: Path,
+) -> None:
+    store, clock = InMemoryStore(), Clock()
+    controller = _controller(artifacts, store, clock)
+    controller.start(2)
+    assert controller.promote("looks fine").status == "promoted"
+    assert controller.registry.production() == 2
+    controller.rollback("oops")  # no rollout running: undo the promotion
+    desired = controller.desired.read()
+    assert desired is not None and desired.production == 1 and desired.canary is None
+    assert controller.registry.production() == 1
+    with pytest.raises(RolloutRefused, match="nothing to promote"):
+        controller.promote()
