@@ -86,14 +86,12 @@ async def feedback(body: FeedbackRequest, gateway: GatewayDep) -> FeedbackRespon
         ),
         timeout_s,
     )
-    for event, version in zip(body.events, versions, strict=True):
-        FEEDBACK.labels(
-            model_version=version_label(version, gateway.releases), type=event.type
-        ).inc()
+    for stored, version in zip(events, versions, strict=True):
+        label = version_label(version, gateway.releases)
+        FEEDBACK.labels(model_version=label, type=stored["type"]).inc()
+        if stored.get("hit"):
+            HITS.labels(model_version=label).inc()
     FEEDBACK_DUPLICATES.inc(appended.duplicates)
-    for event, version in zip(events, versions, strict=True):
-        if event.get("hit"):
-            HITS.labels(model_version=version_label(version, gateway.releases)).inc()
     return FeedbackResponse(
         stored=len(appended.ids) - appended.duplicates,
         duplicates=appended.duplicates,
