@@ -55,7 +55,10 @@ def add_rollout_parser(commands: Any) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     plan, analysis = RolloutPlan(), AnalysisConfig()
-    parser.add_argument("target", help="the version to roll out, or `status`")
+    parser.add_argument(
+        "target",
+        help="the version to roll out, `candidate` (the newest the gate passed), or `status`",
+    )
     parser.add_argument("--artifacts", type=Path, default=None, help="export root")
     parser.add_argument(
         "--steps",
@@ -113,6 +116,26 @@ def add_rollout_parser(commands: Any) -> None:
     parser.add_argument("--json", action="store_true", help="status: print JSON")
 
 
+def _target_version(controller: RolloutController, target: str) -> int:
+    """A version number, or `candidate`: the newest version the gate passed (what the
+    retraining CronJob rolls out after `cascade retrain`)."""
+    from services.control.registry import VersionState
+
+    if target == "candidate":
+        candidates = [
+            r.version for r in controller.registry.records() if r.state == VersionState.CANDIDATE
+        ]
+        if not candidates:
+            raise RolloutRefused("no candidate to roll out: `cascade versions` lists the states")
+        return max(candidates)
+    try:
+        return int(target)
+    except ValueError:
+        raise RolloutRefused(
+            f"rollout: expected a version number, `candidate` or `status`, got {target!r}"
+        ) from None
+
+
 def _plan(args: argparse.Namespace) -> RolloutPlan:
     try:
         weights = tuple(float(w) for w in args.steps.split(","))
@@ -132,13 +155,8 @@ def _plan(args: argparse.Namespace) -> RolloutPlan:
 def run_rollout(args: argparse.Namespace) -> int:
     if args.target == "status":
         return _status(args)
-    try:
-        version = int(args.target)
-    except ValueError:
-        raise RolloutRefused(
-            f"rollout: expected a version number or `status`, got {args.target!r}"
-        ) from None
     controller = _controller(args, _plan(args))
+    version = _target_version(controller, args.target)
     if args.metrics_port:
         from prometheus_client import start_http_server
 

@@ -1,0 +1,75 @@
+"""`cascade rollout` / `rollback` / `promote` on a fake export tree (embedded stack: file
+registry, desired state and audit trail)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from services.cli import main
+from services.control.desired_state import FileDesiredState
+from services.control.registry import FileRegistry, VersionState
+from tests.unit.control.fake_exports import PASS, make_version
+
+
+@pytest.fixture
+def artifacts(tmp_path: Path) -> Path:
+    root = tmp_path / "artifacts"
+    registry = FileRegistry(root / "registry.json")
+    for version in (1, 2):
+        make_version(root, version)
+    registry.adopt(1, "first deploy")
+    registry.register(2, PASS)
+    return root
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_rollout_lifecycle_from_the_command_line(
+    artifacts: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = str(artifacts)
+    code, out, _ = _run(capsys, "rollout", "status", "--artifacts", root)
+    assert code == 0 and "no rollout has run" in out
+    code, out, _ = _run(
+        capsys, "rollout", "candidate", "--artifacts", root, "--once", "--interval-s", "0.01"
+    )
+    assert code == 0 and "version 2 against production 1, step 0 at 5%" in out
+    assert "look 1: step 0 (5%) hold (insufficient_data)" in out
+    code, out, _ = _run(capsys, "rollout", "status", "--artifacts", root, "--json")
+    status = json.loads(out)
+    assert status["rollout"]["version"] == 2 and status["rollout"]["status"] == "running"
+    assert status["desired"]["canary"] == 2 and status["desired"]["canary_weight"] == 0.05
+    assert [entry["event"] for entry in status["audit"]] == ["started", "look"]
+    code, out, _ = _run(capsys, "rollback", "--artifacts", root, "--reason", "test")
+    assert code == 0 and "serving production 1" in out
+    desired = FileDesiredState(artifacts / "rollout" / "desired.json").read()
+    assert desired is not None and desired.canary is None
+    registry = FileRegistry(artifacts / "registry.json")
+    assert registry.get(2).state == VersionState.RETIRED  # type: ignore[union-attr]
+    code, _, err = _run(capsys, "rollout", "2", "--artifacts", root, "--once")
+    assert code == 2 and "version 2 is retired" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["rollout", "abc"], "expected a version number, `candidate` or `status`"),
+        (["rollout", "2", "--steps", "0.1,x"], "--steps must be numbers"),
+        (["rollout", "2", "--steps", "0.5,0.2"], "step weights must increase"),
+        (["rollout", "2", "--margin", "2"], "non_inferiority_margin must lie in"),
+        (["promote"], "nothing to promote"),
+        (["rollout", "7", "--once"], "version 7 has no complete export"),
+    ],
+)
+def test_bad_input_is_one_line_naming_the_problem(
+    artifacts: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    code, _, err = _run(capsys, *argv, "--artifacts", str(artifacts))
+    assert code == 2 and message in err and "Traceback" not in err
