@@ -2,11 +2,13 @@
 
 The newest part of a data set (what ``dataset.oldest`` held back from the base) is written
 into the feedback and impression streams as if a gateway had served it: per interaction one
-answer of ``k`` items with the rated item at a random rank among popular items the user
-had not rated, a click when the rating is >= 4, else an ``impression`` event (shown, not
-clicked). Event times are the interactions' own, so the replayed traffic is newer than the
-base and its clicks are the users' real choices (not those of a served model's ranking,
-which would favour that model in the gate).
+answer of ``k`` items, the rated item first and popular items after it; a click when the
+rating is >= 4, an ``impression`` event (shown, not clicked) when it is <= 2, nothing for a
+3 (neutral, as the ranking protocol drops it). The rated item is first so that skip-above
+finds no negatives among the filler items, which are not the user's choices. Event times
+are the interactions' own, so the replayed traffic is newer than the base, and its clicks
+are the users' real choices (not those of a served model's ranking, which would favour
+that model in the gate).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ def replay_records(
     ):
         request_id = f"replay-{seed}-{number}"
         others = rng.choice(popular[popular != item], k - 1, replace=False)
-        items = np.insert(others, rng.integers(0, k), item)
+        items = np.insert(others, 0, item)
         impressions.append(
             {
                 "request_id": request_id,
@@ -47,6 +49,8 @@ def replay_records(
                 "timestamp": str(int(ts)),
             }
         )
+        if rating == 3:
+            continue
         feedback.append(
             {
                 "user_id": str(int(user)),

@@ -76,11 +76,9 @@ def _default_slices() -> dict[str, SliceRule]:
             min_users=20, min_rows=100, floors={"recall@10": 0.005, "auc": 0.55}
         ),
         "heavy_users": SliceRule(
-            min_users=20, min_rows=100, floors={"recall@10": 0.01, "auc": 0.55}
+            min_users=10, min_rows=100, floors={"recall@10": 0.01, "auc": 0.55}
         ),
-        "long_tail_items": SliceRule(
-            min_users=20, min_rows=100, floors={"recall@10": 0.002, "auc": 0.55}
-        ),
+        "long_tail_items": SliceRule(min_users=20, min_rows=100, floors={"auc": 0.55}),
     }
 
 
@@ -88,7 +86,7 @@ class SliceDefinitions(_Strict):
     """How the declared slices are cut (from the data before the holdout)."""
 
     heavy_user_fraction: float = Field(
-        0.1, gt=0, lt=1, description="Heavy users: the most active fraction of known users."
+        0.2, gt=0, lt=1, description="Heavy users: the most active fraction of known users."
     )
     head_item_fraction: float = Field(
         0.2, gt=0, lt=1, description="Long tail: items outside the most popular fraction."
