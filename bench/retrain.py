@@ -39,6 +39,10 @@ from services.cli import main
 from services.local_redis import start_redis_server
 from services.stores.redis import RedisStore
 
+SMALL_HOLDOUT_GATE = (
+    Path(__file__).resolve().parents[1] / "pipelines" / "validation" / "gate-small-holdout.yaml"
+)
+
 
 def _retrain(args: list[str]) -> tuple[int, str, float]:
     printed = io.StringIO()
@@ -139,7 +143,11 @@ def main_cli() -> None:
     parser.add_argument("--two-tower-epochs", type=int, default=10)
     parser.add_argument("--dlrm-epochs", type=int, default=3)
     parser.add_argument("--gbm-rounds", type=int, default=200)
-    parser.add_argument("--gate-config", default=None, help="another gate YAML")
+    parser.add_argument(
+        "--gate-config",
+        default=str(SMALL_HOLDOUT_GATE),
+        help="gate YAML (default: the small-holdout margins; see that file)",
+    )
     result = run(parser.parse_args())
     out = Path(__file__).with_name("results")
     out.mkdir(exist_ok=True)
