@@ -99,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
     from pipelines.config import TrainConfig
     from pipelines.errors import CascadeError
     from pipelines.retrain.job import RetrainOptions, run_retrain
+    from services.control.desired_state import pin_production
     from services.control.registry import adopt_served, make_registry
     from services.redact import redact_text
     from services.settings import Settings
@@ -130,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
                 lambda: adopt_served(registry, settings.artifacts),
                 log=lambda line: print(line, flush=True),
             )
+            pin_production(settings, registry.production())
         finally:
             registry.close()
     except (CascadeError, ValidationError) as error:

@@ -16,6 +16,7 @@ import os
 import time
 from abc import ABC, abstractmethod
 from pathlib import Path
+from typing import Any
 
 import redis
 from pydantic import BaseModel, Field, ValidationError, model_validator
@@ -207,6 +208,28 @@ def make_desired_state_store(
     if redis_url:
         return RedisDesiredState(redis_url, namespace)
     return FileDesiredState(artifacts / "rollout" / "desired.json")
+
+
+def pin_production(settings: Any, production: int | None) -> DesiredState | None:
+    """With no desired state yet, write one that serves ``production``: from then on a
+    gateway (re)started unpinned serves the registry's production, never merely the newest
+    export (which may be a rejected or unvalidated candidate). Returns the state in force."""
+    if production is None:
+        return None
+    store = make_desired_state_store(
+        settings.redis.url, settings.redis.namespace, settings.artifacts
+    )
+    try:
+        current = store.read()
+        if current is not None:
+            return current
+        state = DesiredState(production=production, revision=1, reason="pinned to production")
+        try:
+            return store.write(state, expected_revision=0)
+        except DesiredStateConflict:
+            return store.read()
+    finally:
+        store.close()
 
 
 def describe(state: DesiredState | None) -> str:

@@ -85,3 +85,14 @@ def test_replica_reports_are_read_back_until_they_expire(store: DesiredStateStor
 
     time.sleep(0.05)
     assert store.reports() == [{"replica": "gw-1", "applied_revision": 4}]
+
+
+def test_pin_production_writes_a_state_only_when_none_exists(tmp_path: Path) -> None:
+    from services.control.desired_state import pin_production
+    from services.settings import Settings
+
+    settings = Settings(artifacts=tmp_path)
+    assert pin_production(settings, None) is None
+    pinned = pin_production(settings, 3)
+    assert pinned is not None and (pinned.production, pinned.revision) == (3, 1)
+    assert pin_production(settings, 5) == pinned  # an existing state is never overwritten

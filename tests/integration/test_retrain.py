@@ -16,6 +16,7 @@ import redis
 from pipelines.data.synthetic import make_synthetic
 from pipelines.retrain.replay import replay_records, write_records
 from services.cli import main
+from services.control.desired_state import RedisDesiredState
 from services.control.registry import RedisRegistry
 from services.stores.redis import RedisStore
 from tests.conftest import redis_url
@@ -118,6 +119,8 @@ def test_a_sabotaged_retrain_is_rejected(setup: dict) -> None:
     assert verdict["verdict"] == "fail"
     assert {"non_inferiority.recall@10", "non_inferiority.ndcg@10"} <= set(verdict["failed_checks"])
     assert "verdict: FAIL" in printed and json.loads(printed.splitlines()[-1])["version"] == 3
+    desired = RedisDesiredState(URL, NAMESPACE).read()  # pinned: a restart never serves v3
+    assert desired is not None and desired.production == 1 and desired.canary is None
     assert RedisRegistry(URL, NAMESPACE).get(3).state == "rejected"
 
 
