@@ -241,6 +241,9 @@ def _run_serve(args: argparse.Namespace) -> int:
     from services.triton_server import TritonServer
 
     settings = _settings(args)
+    streams = settings.embedded_streams()
+    if streams is not None:  # the embedded stack logs where `cascade retrain` reads
+        os.environ["CASCADE_STREAMS_DIR"] = str(streams)
     # uvicorn re-raises SIGTERM after its graceful shutdown; as SystemExit it runs the
     # `finally` below, so the Triton server this command started is stopped too
     signal.signal(signal.SIGTERM, _exit_on_sigterm)

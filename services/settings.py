@@ -215,6 +215,14 @@ class Settings(BaseSettings):
             )
         return self
 
+    def embedded_streams(self) -> Path | None:
+        """Where the command line keeps the embedded stack's streams: ``streams_dir``, else
+        ``<artifacts>/streams`` when there is no Redis (so ``cascade serve`` and a later
+        ``cascade retrain`` meet there with nothing configured); None with a Redis."""
+        if self.redis.url:
+            return None
+        return self.streams_dir or self.artifacts / "streams"
+
     @model_validator(mode="after")
     def _canary_needs_a_version(self) -> Settings:
         if self.canary_percent > 0 and self.canary_version is None:

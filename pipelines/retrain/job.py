@@ -127,7 +127,8 @@ def _snapshot(settings: Any, cursor: dict[str, str]) -> Snapshot:
     from services.gateway import make_store
 
     async def read() -> Snapshot:
-        store = make_store(settings)
+        streams = settings.embedded_streams()  # the embedded gateway's files (no Redis)
+        store = make_store(settings.model_copy(update={"streams_dir": streams}))
         await store.start()
         try:
             return await read_since(store, cursor)
