@@ -32,6 +32,7 @@ def _controller(args: argparse.Namespace, plan: RolloutPlan | None = None) -> Ro
     if getattr(args, "artifacts", None) is not None:
         overrides["artifacts"] = args.artifacts
     settings = Settings(**overrides)
+    settings = settings.model_copy(update={"streams_dir": settings.embedded_streams()})
     url, namespace = settings.redis.url, settings.redis.namespace
     return RolloutController(
         settings.artifacts,

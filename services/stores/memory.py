@@ -1,9 +1,11 @@
 """The embedded default store: process memory, same interface and semantics as Redis.
 
-With a ``stream_dir`` the two streams (feedback, impressions) are also appended to JSON-lines
-files there (fsynced before a feedback write is acknowledged) and read back at start, so
-that the embedded stack's logged traffic survives a restart and a separate ``cascade
-retrain`` process can read it.
+With a ``stream_dir`` the two streams (feedback, impressions) live in JSON-lines files there
+(appended, fsynced before a feedback write is acknowledged; memory caches them and picks up
+what other processes appended on every read), so the embedded stack's logged traffic
+survives a restart and separate ``cascade retrain`` and ``cascade rollout`` processes read
+it as it is written. One writing gateway process keeps the stream ids ordered; the files are
+not trimmed (Redis is the store for a fleet).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class InMemoryStore(OnlineStore):
         self._hits: dict[str, float] = {}  # request_id -> expiry
         self._marker: dict[str, int] | None = None
         self._locks: dict[str, float] = {}  # name -> expiry
+        self._offsets: dict[str, int] = {}  # bytes of each stream file already read
 
     @property
     def feedback(self) -> list[StreamEntry]:
@@ -57,12 +60,27 @@ class InMemoryStore(OnlineStore):
             path = self.stream_dir / f"{name}.jsonl"
             if path.is_file():
                 _drop_torn_tail(path)
-                self.streams[name] = _read_jsonl(path)
-                if self.streams[name]:
-                    self._last_id = max(self._last_id, stream_id_key(self.streams[name][-1][0]))
+            self._tail(name)
         for stream_id, event in self.feedback:
             if event.get("event_id"):
                 self._event_ids[event["event_id"]] = (stream_id, float("inf"))
+
+    def _tail(self, name: str) -> None:
+        """Add the complete lines another process (or this one) appended to the stream file
+        since the last read: the file is the stream, memory a cache of it."""
+        assert self.stream_dir is not None
+        path = self.stream_dir / f"{name}.jsonl"
+        if not path.is_file():
+            return
+        with path.open("rb") as handle:
+            handle.seek(self._offsets.get(name, 0))
+            data = handle.read()
+        complete = data[: data.rfind(b"\n") + 1]
+        self._offsets[name] = self._offsets.get(name, 0) + len(complete)
+        entries = _parse_lines(complete.decode(errors="replace").splitlines())
+        if entries:
+            self.streams[name].extend(entries)
+            self._last_id = max(self._last_id, stream_id_key(entries[-1][0]))
 
     async def close(self) -> None:
         return None
@@ -89,20 +107,24 @@ class InMemoryStore(OnlineStore):
 
     def _next_id(self) -> str:
         """A stream id after every earlier one, ``<ms>-<seq>`` as Redis makes them."""
+        for name in STREAMS if self.stream_dir is not None else ():
+            self._tail(name)  # ids stay ordered after what another process appended
         now = int(time.time() * 1000)
         ms, seq = self._last_id
         self._last_id = (now, 0) if now > ms else (ms, seq + 1)
         return f"{self._last_id[0]}-{self._last_id[1]}"
 
     def _append(self, name: str, entries: list[StreamEntry], max_len: int, sync: bool) -> None:
-        if self.stream_dir is not None and entries:
+        stream = self.streams[name]
+        if self.stream_dir is None:
+            stream.extend(entries)
+        elif entries:
             with (self.stream_dir / f"{name}.jsonl").open("a") as out:
                 out.writelines(json.dumps([i, fields]) + "\n" for i, fields in entries)
                 out.flush()
                 if sync:
                     os.fsync(out.fileno())
-        stream = self.streams[name]
-        stream.extend(entries)
+            self._tail(name)
         del stream[: max(0, len(stream) - max_len)]
 
     async def append_feedback(
@@ -157,6 +179,8 @@ class InMemoryStore(OnlineStore):
     ) -> list[StreamEntry]:
         if name not in STREAMS:
             raise ValueError(f"unknown stream {name!r}; one of {STREAMS}")
+        if self.stream_dir is not None:
+            self._tail(name)
         stream = self.streams[name]
         start = bisect.bisect_right(stream, stream_id_key(after), key=lambda e: stream_id_key(e[0]))
         return stream[start : start + count]
@@ -191,10 +215,10 @@ def _drop_torn_tail(path: Path) -> None:
             out.truncate(data.rfind(b"\n") + 1)
 
 
-def _read_jsonl(path: Path) -> list[StreamEntry]:
-    """Entries of a stream file; a line that does not parse is skipped."""
+def _parse_lines(lines: list[str]) -> list[StreamEntry]:
+    """Entries of stream-file lines; a line that does not parse is skipped."""
     entries = []
-    for line in path.read_text().splitlines():
+    for line in lines:
         try:
             stream_id, fields = json.loads(line)
         except (ValueError, TypeError):

@@ -185,3 +185,17 @@ async def test_file_backed_streams_survive_a_restart(tmp_path: Path) -> None:
     third = InMemoryStore(stream_dir=tmp_path)
     await third.start()
     assert await third.read_stream("feedback") == entries  # nothing lost to the torn line
+
+
+async def test_file_backed_streams_are_read_live_by_another_process(tmp_path: Path) -> None:
+    """A controller (another process) reads what the gateway appends, without restarting."""
+    gateway, controller = InMemoryStore(stream_dir=tmp_path), InMemoryStore(stream_dir=tmp_path)
+    await gateway.start()
+    await controller.start()
+    await gateway.append_impressions([_impression("a" * 32, 1)], max_len=1000, ttl_s=60)
+    first = await controller.read_stream("impressions")
+    await gateway.append_impressions([_impression("b" * 32, 2)], max_len=1000, ttl_s=60)
+    later = await controller.read_stream("impressions", after=first[-1][0])
+    assert [f["request_id"] for _, f in first + later] == ["a" * 32, "b" * 32]
+    own = await gateway.read_stream("impressions")
+    assert len(own) == 2  # its own appends are not read twice
