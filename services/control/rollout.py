@@ -151,7 +151,8 @@ class RolloutController:
                 raise RolloutRefused(
                     f"version {version} {why}: run `cascade retrain`, or --force (recorded)"
                 )
-            verdict = dict((record.verdict if record else None) or {"verdict": "unvalidated"})
+            unvalidated = {"verdict": "fail", "failed_checks": ["never validated"]}
+            verdict = dict((record.verdict if record else None) or unvalidated)
             self.registry.register(version, {**verdict, "forced": True})
             forced = True
         elif record.state != VersionState.CANDIDATE:

@@ -255,7 +255,11 @@ def test_refusals(artifacts: Path) -> None:
         controller.start(1)
     record = controller.start(3, force=True)
     assert record.forced and registry.get(3).state == VersionState.CANARY  # type: ignore[union-attr]
-    with pytest.raises(RolloutRefused, match="rollout of version 3 is still running"):
+    controller.rollback("next case")
+    make_version(artifacts, 4)  # never validated at all
+    assert controller.start(4, force=True).forced
+    assert registry.get(4).verdict["failed_checks"] == ["never validated"]  # type: ignore[union-attr]
+    with pytest.raises(RolloutRefused, match="rollout of version 4 is still running"):
         controller.start(2)
     with pytest.raises(RolloutRefused, match="weights must lie in"):
         RolloutPlan(weights=(0.5, 1.0))
