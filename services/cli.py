@@ -311,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.basicConfig(
             level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
         )
+        logging.getLogger("faiss").setLevel(logging.WARNING)  # its loader's INFO lines are noise
     try:
         return table[args.command][1](args)
     except (CascadeError, ValidationError) as error:
