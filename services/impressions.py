@@ -11,13 +11,13 @@ writes in batches; what cannot be logged (queue full, store failing) is counted 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Container
 
 import numpy as np
 
+from services.background import BackgroundTask
 from services.metrics import IMPRESSION_SETS, IMPRESSIONS, IMPRESSIONS_DROPPED, version_label
 from services.settings import ImpressionSettings
 from services.stores.base import OnlineStore
@@ -60,7 +60,7 @@ class ImpressionLog:
         self.settings = settings
         self.timeout_s = timeout_s
         self._queue: asyncio.Queue[dict[str, str]] = asyncio.Queue(settings.queue)
-        self._task: asyncio.Task[None] | None = None
+        self._background = BackgroundTask()
 
     def record(self, record: dict[str, str], served: Container[int]) -> None:
         """Queue one impression set; never blocks, never raises."""
@@ -97,7 +97,7 @@ class ImpressionLog:
             await self._write(self._take_batch(await self._queue.get()))
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run())
+        self._background.start(self._run())
 
     async def flush(self) -> None:
         """Write what is queued now (shutdown, tests)."""
@@ -105,9 +105,5 @@ class ImpressionLog:
             await self._write(self._take_batch(self._queue.get_nowait()))
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._background.stop()
         await self.flush()

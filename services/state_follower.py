@@ -26,6 +26,7 @@ import socket
 import time
 from typing import TYPE_CHECKING
 
+from services.background import BackgroundTask
 from services.control.desired_state import DesiredState, DesiredStateStore, describe
 from services.metrics import CANARY_WEIGHT, ROLLOUT_REVISION, VERSION_LOAD_FAILURES, version_label
 from services.release import load_release
@@ -64,7 +65,7 @@ class StateFollower:
         self.canary_failed: int | None = None  # a desired canary this replica cannot load
         self.previous: tuple[int, float] | None = None  # (old production, since)
         self.unrouted_since: dict[int, float] = {}
-        self._task: asyncio.Task[None] | None = None
+        self._background = BackgroundTask()
 
     async def read(self) -> DesiredState | None:
         """The desired state, or the last known one when the store cannot be read."""
@@ -216,12 +217,8 @@ class StateFollower:
                 log.exception("following the desired state failed")
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run())
+        self._background.start(self._run())
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._background.stop()
         await asyncio.to_thread(self.store.close)

@@ -13,6 +13,7 @@ import contextlib
 import logging
 from pathlib import Path
 
+from services.background import BackgroundTask
 from services.materialize import materialize
 from services.metrics import ONLINE_STORE_STATE, STORE_STATES
 from services.stores.base import Durability, OnlineStore
@@ -44,7 +45,7 @@ class StoreMonitor:
         self.state = "unknown"
         self.durability: Durability | None = None
         self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._background = BackgroundTask()
 
     def _set(self, state: str) -> None:
         if state != self.state:
@@ -103,11 +104,7 @@ class StoreMonitor:
 
     def start(self) -> None:
         """Watch in the background (the first check has been awaited by the caller)."""
-        self._task = asyncio.get_running_loop().create_task(self._run())
+        self._background.start(self._run())
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._background.stop()
