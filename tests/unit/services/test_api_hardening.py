@@ -3,24 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import httpx
 import pytest
 
-from services.api.app import create_app
 from services.api.schemas import INT64_MAX
-from services.settings import Settings
-
-
-@pytest.fixture
-async def client(exported: Path) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(Settings(artifacts=exported, max_body_bytes=4096))
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as http:
-            http.app = app  # type: ignore[attr-defined]
-            yield http
 
 
 @pytest.mark.parametrize(

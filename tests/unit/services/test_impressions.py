@@ -3,29 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import httpx
 import numpy as np
-import pytest
 from prometheus_client import REGISTRY
 
-from services.api.app import create_app
 from services.gateway import Gateway
 from services.impressions import ImpressionLog, impression_record
-from services.settings import ImpressionSettings, Settings
+from services.settings import ImpressionSettings
 from services.stores.memory import InMemoryStore
-
-
-@pytest.fixture
-async def client(exported: Path) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(Settings(artifacts=exported))
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as http:
-            http.app = app  # type: ignore[attr-defined]
-            yield http
 
 
 def _gateway(client: httpx.AsyncClient) -> Gateway:
