@@ -202,6 +202,13 @@ class RolloutController:
             reason, detail = problem
             self._finish(record, rolled_back=True, reason=reason, detail=detail)
             return record
+        behind = self._replicas_behind()
+        if behind and self.clock() - record.step_started_at < self.plan.step_deadline_s:
+            # replicas still loading the step's versions route everyone to production: no
+            # verdict (a sample-ratio "mismatch" now would only measure the loading)
+            self.log.save(record)
+            log.info("rollout %s: waiting for %s to apply the desired state", record.id, behind)
+            return record
         decision, state = analyse(
             record.arm("control").stats(),
             record.arm("canary").stats(),
@@ -267,6 +274,17 @@ class RolloutController:
                 arm.hits += fields.get("hit") == "1"
             if len(entries) < READ_BATCH:
                 break
+
+    def _replicas_behind(self) -> list[str]:
+        """Live gateway replicas that have not applied the current desired state yet."""
+        desired = self.desired.read()
+        if desired is None:
+            return []
+        return [
+            str(report.get("replica"))
+            for report in self.desired.reports()
+            if (report.get("applied_revision") or 0) < desired.revision
+        ]
 
     def _deployment_problem(self, record: RolloutRecord) -> tuple[str, str] | None:
         release = self.artifacts / "releases" / str(record.version)

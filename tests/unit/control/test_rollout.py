@@ -279,3 +279,19 @@ async def test_manual_promote_then_rollback_restores_the_previous_production(
     assert controller.registry.production() == 1
     with pytest.raises(RolloutRefused, match="nothing to promote"):
         controller.promote()
+
+
+async def test_no_verdict_while_a_replica_is_still_loading_the_step(artifacts: Path) -> None:
+    store, clock, rng = InMemoryStore(), Clock(), np.random.default_rng(5)
+    controller = _controller(artifacts, store, clock, weights=(0.5,))
+    controller.start(2)
+    revision = controller.desired.read().revision  # type: ignore[union-attr]
+    controller.desired.report("gw-1", {"replica": "gw-1", "applied_revision": revision - 1}, 60)
+    await _traffic(store, rng, 0.0, {1: 0.05, 2: 0.05}, answers=2000)  # all on production
+    record = await controller.look()
+    assert record is not None and record.status == "running" and record.looks == 0  # no SRM
+    controller.desired.report(
+        "gw-1", {"replica": "gw-1", "canary_failed": 2, "applied_revision": revision}, 60
+    )
+    record = await controller.look()
+    assert record is not None and record.reason == "canary_load_failed"
