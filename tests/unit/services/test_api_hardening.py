@@ -116,3 +116,24 @@ async def test_new_users_are_counted_as_cold_starts_without_degrading(
     assert body["degraded"] is False
     metrics = (await client.get("/metrics")).text
     assert 'cascade_fallback_total{reason="cold_start",stage="retrieval"}' in metrics
+
+
+async def test_metrics_are_rendered_off_the_event_loop(
+    client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A slow scrape (a large registry) must not stall request handling: the exposition
+    is rendered in a worker thread, not on the loop's thread."""
+    import threading
+
+    from services.api.routes import health
+
+    rendered_on = []
+
+    def render() -> bytes:
+        rendered_on.append(threading.current_thread())
+        return b"# rendered\n"
+
+    monkeypatch.setattr(health, "generate_latest", render)
+    response = await client.get("/metrics")
+    assert response.status_code == 200 and response.text == "# rendered\n"
+    assert rendered_on and rendered_on[0] is not threading.main_thread()
