@@ -14,6 +14,7 @@ Order of the checks, the first that decides wins:
    the configured maximum *and* the always-valid confidence sequence below says the canary's rate
    is higher at all (lower bound > 0), so noise in a small window does not roll back a good
    canary however often we look. p99 latency breaches when canary / production > ``max_p99_ratio``
+   and the canary's p99 is also ``max_p99_increase_ms`` above production's
    (only p99s are reported, so this one is a plain threshold).
 3. **KPI** on CTR = clicks / impressions, judged once both arms have ``min_impressions``: ``fail``
    (``kpi_worse``) when the confidence sequence for ``theta = CTR_canary - CTR_production`` lies
@@ -100,6 +101,9 @@ class AnalysisConfig:
     """Absolute: degraded answers (fallbacks) are cheaper than errors, so two points."""
     max_p99_ratio: float = 1.5
     """Canary p99 latency may be at most 1.5 times production's."""
+    max_p99_increase_ms: float = 25.0
+    """...and by at least this many milliseconds: a 2 ms against 1 ms p99 is no breach, and a
+    p99 of a few hundred requests on a busy machine moves by tens of ms on its own."""
     srm_alpha: float = 0.001
     """Chi-square level of the sample-ratio test: strict, as it is repeated every interval."""
 
@@ -116,6 +120,8 @@ class AnalysisConfig:
             )
         if self.max_p99_ratio <= 1.0:
             raise ConfigError(f"max_p99_ratio must exceed 1, got {self.max_p99_ratio}")
+        if self.max_p99_increase_ms < 0.0:
+            raise ConfigError(f"max_p99_increase_ms must be >= 0, got {self.max_p99_increase_ms}")
         if self.min_impressions < 1 or self.min_requests < 1:
             raise ConfigError("min_impressions and min_requests must be at least 1")
 
@@ -305,10 +311,14 @@ def _guardrail_checks(
     elif ratio is None:
         latency = Check("latency", None, config.max_p99_ratio, None, "no p99 reported for an arm")
     else:
-        detail = f"p99 {canary.p99_ms:g} ms vs {control.p99_ms:g} ms: ratio {ratio:.3g}"
-        latency = Check(
-            "latency", ratio, config.max_p99_ratio, ratio <= config.max_p99_ratio, detail
+        increase = canary.p99_ms - control.p99_ms  # type: ignore[operator]
+        breached = ratio > config.max_p99_ratio and increase > config.max_p99_increase_ms
+        detail = (
+            f"p99 {canary.p99_ms:g} ms vs {control.p99_ms:g} ms: ratio {ratio:.3g}, "
+            f"+{increase:.3g} ms (breach above x{config.max_p99_ratio:g} and "
+            f"+{config.max_p99_increase_ms:g} ms)"
         )
+        latency = Check("latency", ratio, config.max_p99_ratio, not breached, detail)
     return [*checks, latency]
 
 

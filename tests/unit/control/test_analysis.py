@@ -313,3 +313,16 @@ def test_invalid_config_and_counts_are_refused():
         AnalysisConfig(min_requests=0)
     with pytest.raises(ValueError, match="negative"):
         ArmStats(10, -1, 0, 10, 0, 0, None)
+
+
+def test_a_small_absolute_p99_difference_is_no_breach() -> None:
+    control = ArmStats(5000, 0, 0, 50_000, 2500, 1500, p99_ms=2.0)
+    canary = ArmStats(5000, 0, 0, 50_000, 2500, 1500, p99_ms=8.0)  # x4, but +6 ms
+    decision, _ = analyse(control, canary, 0.5, AnalysisConfig(), SequentialState())
+    latency = next(check for check in decision.checks if check.name == "latency")
+    assert latency.passed is True and decision.reason != "latency"
+    slow = ArmStats(5000, 0, 0, 50_000, 2500, 1500, p99_ms=80.0)  # x40 and +78 ms
+    decision, _ = analyse(control, slow, 0.5, AnalysisConfig(), SequentialState())
+    assert decision.outcome == "fail" and decision.reason == "latency"
+    with pytest.raises(ConfigError, match="max_p99_increase_ms"):
+        AnalysisConfig(max_p99_increase_ms=-1)
