@@ -234,11 +234,13 @@ def analyse(
     canary_weight: float,
     config: AnalysisConfig,
     state: SequentialState,
+    srm_requests: tuple[int, int] | None = None,
 ) -> tuple[Decision, SequentialState]:
     """Judge one look: SRM halts, a guardrail breach fails, then CTR passes, fails or holds.
 
-    ``control`` is the production arm; both carry counts since the step began, and ``state`` is
-    what the previous look of the same step returned (``SequentialState()`` at a step's start).
+    ``control`` is the production arm; ``state`` is what the previous look returned.
+    ``srm_requests`` (control, canary) are the requests the sample-ratio test judges when
+    they differ from the arms' (only those served while ``canary_weight`` was in force).
     """
     values: dict[str, Value] = {"canary_weight": canary_weight, "look": state.looks + 1}
     for arm, stats in (("control", control), ("canary", canary)):
@@ -246,7 +248,8 @@ def analyse(
             values[f"{count}_{arm}"] = getattr(stats, count)
         values[f"p99_ms_{arm}"] = stats.p99_ms
 
-    srm = _srm_check(control, canary, canary_weight, config, values)
+    control_n, canary_n = srm_requests or (control.requests, canary.requests)
+    srm = _srm_check(control_n, canary_n, canary_weight, config, values)
     guardrails = _guardrail_checks(control, canary, config, values)
     kpi, state = _kpi_check(control, canary, config, state, values)
     checks = [srm, *guardrails, kpi]
@@ -268,16 +271,16 @@ def analyse(
 
 
 def _srm_check(
-    control: ArmStats,
-    canary: ArmStats,
+    control_requests: int,
+    canary_requests: int,
     canary_weight: float,
     config: AnalysisConfig,
     values: dict[str, Value],
 ) -> Check:
-    chi2, p = srm_test(control.requests, canary.requests, canary_weight)
-    total = control.requests + canary.requests
+    chi2, p = srm_test(control_requests, canary_requests, canary_weight)
+    total = control_requests + canary_requests
     values.update(srm_chi2=chi2, srm_p=p, srm_expected_canary=total * canary_weight)
-    split = f"canary {canary.requests} of {total} requests, configured weight {canary_weight:g}"
+    split = f"canary {canary_requests} of {total} requests, configured weight {canary_weight:g}"
     if total * min(canary_weight, 1.0 - canary_weight) < SRM_MIN_EXPECTED:
         return Check("srm", p, config.srm_alpha, None, f"{split}: too few to judge")
     return Check("srm", p, config.srm_alpha, p >= config.srm_alpha, f"{split}: chi2 {chi2:.3g}")

@@ -38,7 +38,7 @@ from pipelines.errors import CascadeError
 from services.control.analysis import AnalysisConfig, Decision, SequentialState, analyse
 from services.control.desired_state import DesiredState, DesiredStateStore
 from services.control.registry import Registry, VersionState, adopt_served
-from services.control.rollout_state import RolloutLog, RolloutRecord
+from services.control.rollout_state import RolloutLog, RolloutRecord, Segment
 from services.stores.base import OnlineStore
 
 log = logging.getLogger(__name__)
@@ -174,7 +174,7 @@ class RolloutController:
             started_at=now,
             step_started_at=now,
             cursors={"impressions": start_cursor, "feedback": start_cursor},
-            step_requests=[0],
+            segments=[Segment(start_ms=int(now * 1000))],
         )
         self.log.save(record_)
         self._audit(record_, "started", {"forced": record_.forced})
@@ -190,6 +190,9 @@ class RolloutController:
         if record is None or record.status != "running":
             return record
         try:
+            behind = self._replicas_behind()
+            if not behind:
+                self._routing_applied(record)
             await self._read_streams(record)
         except Exception as error:  # Redis away: pause, never act on stale data
             self.paused = True
@@ -202,19 +205,20 @@ class RolloutController:
             reason, detail = problem
             self._finish(record, rolled_back=True, reason=reason, detail=detail)
             return record
-        behind = self._replicas_behind()
         if behind and self.clock() - record.step_started_at < self.plan.step_deadline_s:
             # replicas still loading the step's versions route everyone to production: no
             # verdict (a sample-ratio "mismatch" now would only measure the loading)
             self.log.save(record)
             log.info("rollout %s: waiting for %s to apply the desired state", record.id, behind)
             return record
+        control_n, canary_n, weight = record.split_test_counts()
         decision, state = analyse(
             record.arm("control").stats(),
             record.arm("canary").stats(),
-            record.effective_weight(),
+            weight,
             self.plan.analysis,
             SequentialState(**record.sequential),
+            srm_requests=(control_n, canary_n),
         )
         record.sequential = dataclasses.asdict(state)
         record.looks += 1
@@ -256,7 +260,12 @@ class RolloutController:
                 arm.degraded += bool(reasons)
                 arm.errors += any(r.endswith(ERROR_REASONS) for r in reasons)
                 latencies[version].append(_float(fields.get("latency_ms")))
-                record.step_requests[record.step] += 1
+                segment = record.segment_at(_int(stream_id.partition("-")[0]))
+                if segment is not None:
+                    if version == record.version:
+                        segment.canary += 1
+                    else:
+                        segment.control += 1
             for version, values in latencies.items():
                 arms[version].add_latencies(np.asarray(values, np.float64))
             if len(entries) < READ_BATCH:
@@ -274,6 +283,17 @@ class RolloutController:
                 arm.hits += fields.get("hit") == "1"
             if len(entries) < READ_BATCH:
                 break
+
+    def _routing_applied(self, record: RolloutRecord) -> None:
+        """Every live replica routes by the step's weight now: traffic from here on counts
+        for the sample-ratio test (a segment nothing was counted in yet just takes it)."""
+        current = record.segments[-1]
+        if current.weight is not None:
+            return
+        if current.control + current.canary == 0:
+            current.weight = record.weight
+        else:
+            record.segments.append(Segment(start_ms=int(self.clock() * 1000), weight=record.weight))
 
     def _replicas_behind(self) -> list[str]:
         """Live gateway replicas that have not applied the current desired state yet."""
@@ -304,7 +324,7 @@ class RolloutController:
             return
         record.step += 1
         record.step_started_at = self.clock()
-        record.step_requests.append(0)
+        record.segments.append(Segment(start_ms=int(self.clock() * 1000)))  # replicas apply
         self._audit(record, "step", {"step": record.step, "weight": record.weight})
         self._set_desired(
             record.production,

@@ -64,6 +64,16 @@ class ArmCounts(BaseModel):
         )
 
 
+class Segment(BaseModel):
+    """A stretch of traffic under one routing: ``weight`` None while replicas are still
+    applying a new desired state (its requests count for the KPI, not for the split test)."""
+
+    start_ms: int
+    weight: float | None = None
+    control: int = 0
+    canary: int = 0
+
+
 class RolloutRecord(BaseModel):
     """One rollout of ``version`` against ``production``."""
 
@@ -82,7 +92,7 @@ class RolloutRecord(BaseModel):
         default_factory=lambda: {"impressions": "0-0", "feedback": "0-0"}
     )
     arms: dict[str, ArmCounts] = Field(default_factory=dict)  # "control" / "canary"
-    step_requests: list[int] = Field(default_factory=list)  # requests seen in each step
+    segments: list[Segment] = Field(default_factory=list)  # oldest first
     sequential: dict[str, Any] = Field(default_factory=dict)
     looks: int = 0
     last_decision: dict[str, Any] | None = None
@@ -94,14 +104,23 @@ class RolloutRecord(BaseModel):
     def arm(self, name: str) -> ArmCounts:
         return self.arms.setdefault(name, ArmCounts())
 
-    def effective_weight(self) -> float:
-        """The canary share expected over all requests so far, given each step's weight and
-        traffic: what the sample-ratio test compares the observed split against."""
-        seen = self.step_requests + [0] * (len(self.weights) - len(self.step_requests))
-        total = sum(seen[: self.step + 1])
-        if total == 0:
-            return self.weight
-        return sum(w * n for w, n in zip(self.weights, seen, strict=False)) / total
+    def segment_at(self, ms: int) -> Segment | None:
+        """The segment a request served at ``ms`` (its stream id) belongs to."""
+        for segment in reversed(self.segments):
+            if segment.start_ms <= ms:
+                return segment
+        return None
+
+    def split_test_counts(self) -> tuple[int, int, float]:
+        """(control, canary) requests served under a known weight, and the canary share
+        expected of them (each segment's weight times its traffic): what the sample-ratio
+        test compares."""
+        judged = [s for s in self.segments if s.weight is not None]
+        control = sum(s.control for s in judged)
+        canary = sum(s.canary for s in judged)
+        total = control + canary
+        expected = sum((s.weight or 0.0) * (s.control + s.canary) for s in judged)
+        return control, canary, (expected / total if total else self.weight)
 
 
 class RolloutLog(ABC):

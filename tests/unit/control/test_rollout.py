@@ -295,3 +295,26 @@ async def test_no_verdict_while_a_replica_is_still_loading_the_step(artifacts: P
     )
     record = await controller.look()
     assert record is not None and record.reason == "canary_load_failed"
+
+
+async def test_traffic_served_while_replicas_apply_is_kept_out_of_the_split_test(
+    artifacts: Path,
+) -> None:
+    store, clock, rng = InMemoryStore(), Clock(), np.random.default_rng(6)
+    controller = _controller(artifacts, store, clock, weights=(0.5,))
+    controller.start(2)
+    revision = controller.desired.read().revision  # type: ignore[union-attr]
+    controller.desired.report("gw-1", {"replica": "gw-1", "applied_revision": revision - 1}, 60)
+    await _traffic(store, rng, 0.0, {1: 0.05, 2: 0.05}, answers=2000)  # loading: all production
+    record = await controller.look()
+    assert record is not None and record.looks == 0
+    clock.now = 2_000_000_000.0  # the stream ids are real milliseconds: replicas apply later
+    controller.desired.report("gw-1", {"replica": "gw-1", "applied_revision": revision}, 60)
+    await _traffic(store, rng, 0.5, {1: 0.05, 2: 0.05}, answers=2000)
+    record = await controller.look()
+    assert record is not None and record.reason != "srm"  # (it even passed: promoted)
+    assert [s.weight for s in record.segments] == [None, 0.5]
+    assert record.segments[0].canary == 0 and record.segments[0].control == 2000
+    decision = record.last_decision
+    assert decision is not None and decision["reason"] != "srm"
+    assert decision["values"]["requests_control"] > 2000  # the KPI still sees all traffic
