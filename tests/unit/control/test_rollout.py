@@ -3,7 +3,9 @@ state): every outcome, resumption, refusals and manual actions (issue 10)."""
 
 from __future__ import annotations
 
+import asyncio
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -308,7 +310,9 @@ async def test_traffic_served_while_replicas_apply_is_kept_out_of_the_split_test
     await _traffic(store, rng, 0.0, {1: 0.05, 2: 0.05}, answers=2000)  # loading: all production
     record = await controller.look()
     assert record is not None and record.looks == 0
-    clock.now = 2_000_000_000.0  # the stream ids are real milliseconds: replicas apply later
+    await asyncio.sleep(0.005)
+    clock.now = time.time()  # stream ids are real milliseconds: the replica applies now
+    await asyncio.sleep(0.005)
     controller.desired.report("gw-1", {"replica": "gw-1", "applied_revision": revision}, 60)
     await _traffic(store, rng, 0.5, {1: 0.05, 2: 0.05}, answers=2000)
     record = await controller.look()
