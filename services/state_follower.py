@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 REPLICA = f"{socket.gethostname()}-{os.getpid()}"  # one gateway process
+REPORT_TTL_S = 120.0
 
 
 class StateFollower:
@@ -84,6 +85,8 @@ class StateFollower:
         """One tick: apply a new revision, drop versions whose grace ran out, report."""
         state = await self.read()
         if state is not None and state.revision != self.applied_revision:
+            if self.reachable:  # loading can take long: say first that this one is behind
+                await self._report()
             await self.apply(state)
         await self._retire()
         if state is not None and self.reachable:
@@ -94,7 +97,7 @@ class StateFollower:
         load). Best effort: the controller treats a missing report as unknown."""
         status = {"replica": REPLICA, **self.status(), "at": time.time()}
         status.pop("desired", None)
-        ttl_s = max(10.0, 5 * self.interval_s)
+        ttl_s = max(REPORT_TTL_S, 5 * self.interval_s)  # outlives a slow model load
         with contextlib.suppress(Exception):
             await asyncio.wait_for(
                 asyncio.to_thread(self.store.report, REPLICA, status, ttl_s), self.read_timeout_s

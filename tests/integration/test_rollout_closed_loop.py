@@ -137,8 +137,4 @@ async def test_a_candidate_triton_cannot_load_is_aborted_and_production_keeps_se
     assert not result["gateway"]["canary_routed"]
     assert result["gateway"]["canary_failed"] == [loop.TWIN]
     assert "dlrm_dense.onnx is corrupted" in " ".join(result["gateway"]["problems"])
-    if result["reason"] != "canary_load_failed":
-        # Known: the controller's sample-ratio test halts while the replicas are still
-        # loading the canary (every request goes to production meanwhile), before the
-        # replica's canary_failed report arrives. Safe (rolled back), wrong reason.
-        pytest.xfail(f"rolled back for {result['reason']}, before the replica reported")
+    assert result["reason"] == "canary_load_failed"  # no verdict while the replica loads
