@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
 import socket
 import time
 from typing import TYPE_CHECKING
@@ -37,7 +38,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-REPLICA = f"{socket.gethostname()}-{os.getpid()}"  # one gateway process
 REPORT_TTL_S = 120.0
 
 
@@ -67,6 +67,8 @@ class StateFollower:
         self.previous: tuple[int, float] | None = None  # (old production, since)
         self.unrouted_since: dict[int, float] = {}
         self._background = BackgroundTask()
+        # one id per following gateway (several may share a process: tests, benchmarks)
+        self.replica = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
 
     async def read(self) -> DesiredState | None:
         """The desired state, or the last known one when the store cannot be read."""
@@ -95,12 +97,13 @@ class StateFollower:
     async def _report(self) -> None:
         """Tell the controller what this replica serves (it aborts a canary no replica can
         load). Best effort: the controller treats a missing report as unknown."""
-        status = {"replica": REPLICA, **self.status(), "at": time.time()}
+        status = {"replica": self.replica, **self.status(), "at": time.time()}
         status.pop("desired", None)
         ttl_s = max(REPORT_TTL_S, 5 * self.interval_s)  # outlives a slow model load
         with contextlib.suppress(Exception):
             await asyncio.wait_for(
-                asyncio.to_thread(self.store.report, REPLICA, status, ttl_s), self.read_timeout_s
+                asyncio.to_thread(self.store.report, self.replica, status, ttl_s),
+                self.read_timeout_s,
             )
 
     async def apply(self, state: DesiredState) -> None:
