@@ -91,7 +91,7 @@ class StateFollower:
                 await self._report()
             await self.apply(state)
         await self._retire()
-        if state is not None and self.reachable:
+        if self.reachable:  # also before any desired state: the controller then waits
             await self._report()
 
     async def _report(self) -> None:

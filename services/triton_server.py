@@ -35,7 +35,6 @@ from pipelines.errors import CascadeError
 from services.child_process import (
     die_with_parent,
     listening_addresses,
-    listening_sockets,
     port_in_use,
 )
 from services.inference.triton import CONTROL_KEY_HEADER
@@ -354,23 +353,21 @@ class TritonServer:
         raise TritonUnavailable(f"tritonserver not ready after {timeout_s:.0f} s")
 
     def verify_owner(self, pid: int, timeout_s: float = 10.0) -> None:
-        """Raise ``TritonUnavailable`` unless process ``pid`` listens on all three ports.
-
-        A port nobody listens on yet is waited for (Triton opens its metrics port a moment
-        after it answers ready); a port another process listens on is refused at once."""
+        """Raise ``TritonUnavailable`` unless process ``pid`` listens on all three ports
+        within ``timeout_s`` (Triton opens its metrics port a moment after it answers
+        ready; a port another process holds never becomes ``pid``'s)."""
         deadline = time.monotonic() + timeout_s
         while True:
             owned = {port for _, port in listening_addresses(pid)}
             missing = {name: port for name, port in self.ports.items() if port not in owned}
             if not missing:
                 return
-            taken = {port for _, port in listening_sockets().values()}
-            for name, port in missing.items():
-                if port in taken or time.monotonic() > deadline:
-                    raise TritonUnavailable(
-                        f"the server answering on {self.address}:{port} ({name}) is not the "
-                        f"tritonserver this process launched (pid {pid})"
-                    )
+            if time.monotonic() > deadline:
+                name, port = next(iter(missing.items()))
+                raise TritonUnavailable(
+                    f"the server answering on {self.address}:{port} ({name}) is not the "
+                    f"tritonserver this process launched (pid {pid})"
+                )
             time.sleep(0.1)
 
     def _terminate(self, process: subprocess.Popen[bytes]) -> None:
