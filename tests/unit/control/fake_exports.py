@@ -47,3 +47,16 @@ def leftovers(root: Path) -> list[Path]:
 PASS = {"verdict": "pass", "failed_checks": [], "forced": False}
 FAIL = {"verdict": "fail", "failed_checks": ["recall@10 below production"], "forced": False}
 FORCED = {"verdict": "fail", "failed_checks": ["auc below floor"], "forced": True}
+
+
+def production_and_candidate(root: Path) -> Path:
+    """An export root for rollouts: version 1 adopted as production, version 2 a candidate
+    the gate passed (file registry)."""
+    from services.control.registry import FileRegistry
+
+    registry = FileRegistry(root / "registry.json")
+    for version in (1, 2):
+        make_version(root, version)
+    registry.adopt(1, "first deploy")
+    registry.register(2, PASS)
+    return root

@@ -17,7 +17,7 @@ from services.control.registry import FileRegistry, VersionState
 from services.control.rollout import RolloutController, RolloutPlan, RolloutRefused
 from services.control.rollout_state import FileRolloutLog
 from services.stores.memory import InMemoryStore
-from tests.unit.control.fake_exports import FAIL, PASS, make_version
+from tests.unit.control.fake_exports import FAIL, make_version, production_and_candidate
 
 ANALYSIS = AnalysisConfig(min_impressions=500, min_requests=50, non_inferiority_margin=0.3)
 
@@ -32,13 +32,7 @@ class Clock:
 
 @pytest.fixture
 def artifacts(tmp_path: Path) -> Path:
-    root = tmp_path / "artifacts"
-    registry = FileRegistry(root / "registry.json")
-    for version in (1, 2):
-        make_version(root, version)
-    registry.adopt(1, "first deploy")
-    registry.register(2, PASS)
-    return root
+    return production_and_candidate(tmp_path / "artifacts")
 
 
 def _controller(

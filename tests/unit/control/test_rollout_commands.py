@@ -11,18 +11,12 @@ import pytest
 from services.cli import main
 from services.control.desired_state import FileDesiredState
 from services.control.registry import FileRegistry, VersionState
-from tests.unit.control.fake_exports import PASS, make_version
+from tests.unit.control.fake_exports import production_and_candidate
 
 
 @pytest.fixture
 def artifacts(tmp_path: Path) -> Path:
-    root = tmp_path / "artifacts"
-    registry = FileRegistry(root / "registry.json")
-    for version in (1, 2):
-        make_version(root, version)
-    registry.adopt(1, "first deploy")
-    registry.register(2, PASS)
-    return root
+    return production_and_candidate(tmp_path / "artifacts")
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
