@@ -91,9 +91,10 @@ class Gateway:
         self.rules = load_rules(settings.rules_file)
         desired = await self._desired_at_start()
         pinned, canary = settings.model_version, settings.canary_version
-        percent = settings.canary_percent
+        percent, salt = settings.canary_percent, ""
         if desired is not None:  # the rollout's state wins over the newest export
             pinned, canary, percent = desired.production, desired.canary, desired.weight_percent
+            salt = desired.assignment_salt
         served = await asyncio.to_thread(  # verifies every file's sha256: not on the loop
             load_served_releases,
             settings.artifacts,
@@ -104,7 +105,7 @@ class Gateway:
         self.releases.update(served.releases)
         self.release_problems = served.problems
         default = served.releases[served.default]
-        self.router = VersionRouter(default.version, served.canary, percent)
+        self.router = VersionRouter(default.version, served.canary, percent, salt)
         await self.store.start()
         release_dir = settings.artifacts / "releases" / str(default.version)
         if isinstance(self.store, InMemoryStore):  # the embedded default starts empty

@@ -6,14 +6,25 @@ import zlib
 
 
 class VersionRouter:
-    """Routes a stable share of users to a canary version; the rest to the default."""
+    """Routes a stable share of users to a canary version; the rest to the default.
+
+    A user's bucket is ``crc32(salt/user_id) mod 10000``: stable for one ``salt``, so raising
+    the weight keeps the users already on the canary there; each rollout passes its own salt
+    so the canary's users are drawn afresh (otherwise every rollout would test on the same
+    users, and a fixed difference between two user groups would look like a model effect).
+    """
 
     def __init__(
-        self, default: int, canary: int | None = None, canary_percent: float = 0.0
+        self,
+        default: int,
+        canary: int | None = None,
+        canary_percent: float = 0.0,
+        salt: str = "",
     ) -> None:
         self.default = default
         self.canary = canary
         self.canary_percent = canary_percent
+        self.salt = salt
 
     @property
     def versions(self) -> list[int]:
@@ -24,7 +35,7 @@ class VersionRouter:
         if requested is not None and requested in self.versions:
             return requested
         if self.canary is not None and self.canary_percent > 0:
-            bucket = zlib.crc32(str(user_id).encode()) % 10_000 / 100.0
+            bucket = zlib.crc32(f"{self.salt}/{user_id}".encode()) % 10_000 / 100.0
             if bucket < self.canary_percent:
                 return self.canary
         return self.default

@@ -149,7 +149,9 @@ class StateFollower:
             VERSION_LOAD_FAILURES.labels(role="canary").inc()
         await gateway.warm_up([v for v in (state.production, canary) if v is not None])
         weight = state.canary_weight if canary is not None else 0.0
-        gateway.router = VersionRouter(state.production, canary, weight * 100)
+        gateway.router = VersionRouter(
+            state.production, canary, weight * 100, state.assignment_salt
+        )
         for version in list(gateway.releases):
             if version in wanted:
                 self.unrouted_since.pop(version, None)

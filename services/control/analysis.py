@@ -32,9 +32,12 @@ The sequential test is the normal-mixture SPRT (Robbins 1970; Johari, Pekelis & 
     CS     = theta_hat +- sqrt(s2 * (s2 + t2) / t2 * (log((s2 + t2) / s2) + 2 * log(1 / alpha)))
 
 The confidence sequence covers theta at every look at once with probability >= 1 - alpha, and
-excludes 0 exactly when that look's p < alpha. ``s2 = q1 (1 - q1) / n1 + q2 (1 - q2) / n2``
-with ``q = (x + 0.5) / (n + 1)``: the half pseudo-count keeps the variance positive when an arm
-has no clicks (or only clicks) yet; the difference itself uses the raw rates. Counts above their
+excludes 0 exactly when that look's p < alpha. ``s2 = v1 + v2``, per arm the larger of the
+binomial ``q (1 - q) / n`` with ``q = (x + 0.5) / (n + 1)`` (the half pseudo-count keeps it
+positive when an arm has no clicks, or only clicks, yet) and the variance measured between
+clusters of users (``ArmStats.ctr_variance``): users differ and come back, so impressions are
+not independent trials, and the binomial variance alone made A/A rollouts fail about three
+times as often as alpha in simulation. The difference itself uses the raw rates. Counts above their
 denominator (a click whose impression was dropped from the bounded log) are capped.
 
 The mixing sd for CTR is ``mixture_tau`` times production's CTR: the CS is narrowest where
@@ -73,6 +76,11 @@ class ArmStats:
     clicks: int
     hits: int
     p99_ms: float | None = None
+    ctr_variance: float | None = None
+    """Variance of the arm's CTR estimate between user clusters (None: impressions treated
+    as independent trials)."""
+    hit_rate_variance: float | None = None
+    """Likewise for the hit rate (hits / requests)."""
 
     def __post_init__(self) -> None:
         counts = (self.requests, self.errors, self.degraded, self.impressions, self.clicks)
@@ -174,9 +182,19 @@ def srm_test(
 
 
 def mixture_test(
-    x_control: int, n_control: int, x_canary: int, n_canary: int, tau: float, alpha: float
+    x_control: int,
+    n_control: int,
+    x_canary: int,
+    n_canary: int,
+    tau: float,
+    alpha: float,
+    variances: tuple[float | None, float | None] = (None, None),
 ) -> dict[str, Value]:
     """Normal-mixture SPRT of one look for the difference of two proportions (canary - control).
+
+    ``variances``: per arm, a variance of the rate estimate measured between clusters of
+    users; each arm uses the larger of it and the binomial one (clustered data are rarely
+    less variable than independent trials, and a small number of clusters can understate it).
 
     Returns the rates, difference, variance, tau, log and plain mixture likelihood ratio, this
     look's always-valid p and the confidence sequence; rates and bounds are None for an empty arm.
@@ -200,7 +218,8 @@ def mixture_test(
     x1, x2 = min(x_control, n_control), min(x_canary, n_canary)
     q1 = (x1 + PSEUDO_COUNT) / (n_control + 2 * PSEUDO_COUNT)
     q2 = (x2 + PSEUDO_COUNT) / (n_canary + 2 * PSEUDO_COUNT)
-    s2 = q1 * (1.0 - q1) / n_control + q2 * (1.0 - q2) / n_canary
+    v1, v2 = variances
+    s2 = max(q1 * (1.0 - q1) / n_control, v1 or 0.0) + max(q2 * (1.0 - q2) / n_canary, v2 or 0.0)
     t2 = tau * tau
     theta = x2 / n_canary - x1 / n_control
     log_lr = 0.5 * math.log(s2 / (s2 + t2)) + t2 * theta * theta / (2.0 * s2 * (s2 + t2))
@@ -224,7 +243,13 @@ def always_valid_ctr(
 ) -> dict[str, Value]:
     """The mixture SPRT of one look on CTR (clicks / impressions), ``tau`` in absolute CTR."""
     return mixture_test(
-        control.clicks, control.impressions, canary.clicks, canary.impressions, tau, alpha
+        control.clicks,
+        control.impressions,
+        canary.clicks,
+        canary.impressions,
+        tau,
+        alpha,
+        (control.ctr_variance, canary.ctr_variance),
     )
 
 
@@ -360,7 +385,13 @@ def _kpi_check(
     ctr = always_valid_ctr(control, canary, ctr_tau, config.alpha)
     hit_tau = config.mixture_tau * _smoothed(control.hits, control.requests)
     hit = mixture_test(
-        control.hits, control.requests, canary.hits, canary.requests, hit_tau, config.alpha
+        control.hits,
+        control.requests,
+        canary.hits,
+        canary.requests,
+        hit_tau,
+        config.alpha,
+        (control.hit_rate_variance, canary.hit_rate_variance),
     )
     state = SequentialState(
         running_min_p=min(state.running_min_p, _float(ctr["p_value"])),

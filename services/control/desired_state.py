@@ -53,6 +53,11 @@ class DesiredState(BaseModel):
     revision: int = Field(0, ge=0, description="Increases with every write.")
     updated_at: float = Field(default_factory=time.time)
     reason: str = Field("", description="Why it changed (shown in status and logs).")
+    assignment_salt: str = Field(
+        "",
+        max_length=64,
+        description="Mixed into the user hash that picks canary users: one per rollout.",
+    )
 
     @model_validator(mode="after")
     def _canary_differs(self) -> DesiredState:

@@ -178,7 +178,9 @@ class RolloutController:
         )
         self.log.save(record_)
         self._audit(record_, "started", {"forced": record_.forced})
-        self._set_desired(production, version, record_.weight, 0, f"rollout {record_.id} step 0")
+        self._set_desired(
+            production, version, record_.weight, 0, f"rollout {record_.id} step 0", record_.id
+        )
         self._publish(record_)
         return record_
 
@@ -255,8 +257,7 @@ class RolloutController:
                 if arm is None:
                     continue
                 reasons = fields.get("reasons", "").split()
-                arm.requests += 1
-                arm.impressions += len(fields.get("items", "").split())
+                arm.add_request(fields.get("user_id", ""), len(fields.get("items", "").split()))
                 arm.degraded += bool(reasons)
                 arm.errors += any(r.endswith(ERROR_REASONS) for r in reasons)
                 latencies[version].append(_float(fields.get("latency_ms")))
@@ -279,8 +280,7 @@ class RolloutController:
                 arm = arms.get(_int(fields.get("model_version")))
                 if arm is None or fields.get("type") != "click":
                     continue
-                arm.clicks += 1
-                arm.hits += fields.get("hit") == "1"
+                arm.add_click(fields.get("user_id", ""), hit=fields.get("hit") == "1")
             if len(entries) < READ_BATCH:
                 break
 
@@ -383,20 +383,29 @@ class RolloutController:
     # -- plumbing -------------------------------------------------------------------------
 
     def _set_desired(
-        self, production: int, canary: int | None, weight: float, step: int, reason: str
+        self,
+        production: int,
+        canary: int | None,
+        weight: float,
+        step: int,
+        reason: str,
+        salt: str | None = None,
     ) -> DesiredState:
-        """Compare-and-set the desired state (re-read and retry when a writer raced us)."""
+        """Compare-and-set the desired state (re-read and retry when a writer raced us).
+        ``salt``: a new rollout's user-assignment salt (None keeps the current one)."""
         for _ in range(5):
             current = self.desired.read()
-            fields = {
+            fields: dict[str, object] = {
                 "production": production,
                 "canary": canary,
                 "canary_weight": weight,
                 "step": step,
                 "reason": reason,
             }
+            if salt is not None:
+                fields["assignment_salt"] = salt
             if current is None:
-                state = DesiredState(revision=1, **fields)
+                state = DesiredState.model_validate({"revision": 1, **fields})
                 expected = 0
             else:
                 state, expected = current.next(**fields), current.revision

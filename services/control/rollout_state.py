@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import zlib
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Literal
@@ -26,6 +27,36 @@ Status = Literal["running", "promoted", "rolled_back"]
 
 # Latency histogram of an arm: geometric bucket bounds from 0.1 ms to 100 s.
 LATENCY_BOUNDS_MS = np.geomspace(0.1, 100_000, 121)
+# Users are hashed into this many clusters per arm; the KPI variance is computed between
+# clusters (see ``cluster_ratio_variance``), so every user's requests and clicks stay in one.
+USER_CLUSTERS = 128
+
+
+def user_cluster(user_id: str) -> int:
+    """The cluster of a user (a hash independent of the routing hash, which is salted)."""
+    return zlib.crc32(user_id.encode()) % USER_CLUSTERS
+
+
+def cluster_ratio_variance(successes: list[int], trials: list[int]) -> float | None:
+    """Variance of the ratio sum(successes) / sum(trials) with clusters as the independent
+    units (the linearised, cluster-robust "delta method" estimate)::
+
+        R = X / N,  var(R) = K / (K - 1) * sum_k (x_k - R n_k)^2 / N^2
+
+    over the K clusters with any trials. Clicks of one user, and of one request, are
+    correlated (a user who likes the list clicks several items, and comes back); treating
+    impressions as independent trials understates the variance and makes an A/A test fail
+    too often. None with fewer than two clusters.
+    """
+    x = np.asarray(successes, np.float64)
+    n = np.asarray(trials, np.float64)
+    used = n > 0
+    k, total = int(used.sum()), float(n.sum())
+    if k < 2 or total <= 0:
+        return None
+    ratio = float(np.minimum(x, n).sum()) / total
+    residual = np.minimum(x, n)[used] - ratio * n[used]
+    return k / (k - 1) * float(residual @ residual) / (total * total)
 
 
 class ArmCounts(BaseModel):
@@ -38,6 +69,26 @@ class ArmCounts(BaseModel):
     clicks: int = 0
     hits: int = 0
     latency_buckets: list[int] = Field(default_factory=lambda: [0] * (len(LATENCY_BOUNDS_MS) + 1))
+    # Per user cluster: requests, impressions, clicks, hits (for the clustered KPI variance).
+    clusters: list[list[int]] = Field(
+        default_factory=lambda: [[0] * USER_CLUSTERS for _ in range(4)]
+    )
+
+    def add_request(self, user_id: str, impressions: int) -> None:
+        """One logged answer of ``impressions`` items to ``user_id``."""
+        cluster = user_cluster(user_id)
+        self.requests += 1
+        self.impressions += impressions
+        self.clusters[0][cluster] += 1
+        self.clusters[1][cluster] += impressions
+
+    def add_click(self, user_id: str, hit: bool) -> None:
+        """One click attributed to this arm (``hit``: the first click on its answer)."""
+        cluster = user_cluster(user_id)
+        self.clicks += 1
+        self.hits += hit
+        self.clusters[2][cluster] += 1
+        self.clusters[3][cluster] += hit
 
     def add_latencies(self, latencies_ms: np.ndarray) -> None:
         buckets = np.searchsorted(LATENCY_BOUNDS_MS, latencies_ms)
@@ -61,6 +112,8 @@ class ArmCounts(BaseModel):
             clicks=self.clicks,
             hits=self.hits,
             p99_ms=self.p99_ms(),
+            ctr_variance=cluster_ratio_variance(self.clusters[2], self.clusters[1]),
+            hit_rate_variance=cluster_ratio_variance(self.clusters[3], self.clusters[0]),
         )
 
 

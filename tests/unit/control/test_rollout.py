@@ -316,3 +316,22 @@ async def test_traffic_served_while_replicas_apply_is_kept_out_of_the_split_test
     decision = record.last_decision
     assert decision is not None and decision["reason"] != "srm"
     assert decision["values"]["requests_control"] > 2000  # the KPI still sees all traffic
+
+
+async def test_each_rollout_salts_its_user_assignment_and_keeps_it_across_steps(
+    artifacts: Path,
+) -> None:
+    store, clock, rng = InMemoryStore(), Clock(), np.random.default_rng(5)
+    controller = _controller(artifacts, store, clock)
+    record = controller.start(2)
+    desired = controller.desired.read()
+    assert desired is not None and desired.assignment_salt == record.id
+    for _ in range(200):
+        await _traffic(store, rng, record.weight, {1: 0.05, 2: 0.08}, answers=600)
+        clock.now += 5
+        record = await controller.look()  # type: ignore[assignment]
+        current = controller.desired.read()
+        assert current is not None and current.assignment_salt == record.id
+        if record.step > 0:
+            break
+    assert record.step > 0, record.last_decision

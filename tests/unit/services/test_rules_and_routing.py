@@ -56,3 +56,14 @@ def test_router_splits_users_stably_and_honours_explicit_versions() -> None:
     assert routed == [router.route(u) for u in range(4000)]  # stable per user
     assert router.route(1, requested=3) == 3 and router.route(1, requested=99) in (3, 4)
     assert VersionRouter(default=3).route(7) == 3
+
+
+def test_each_salt_draws_its_own_canary_users_and_a_higher_weight_keeps_them() -> None:
+    users = range(20_000)
+    first = {u for u in users if VersionRouter(3, 4, 10, salt="a1").route(u) == 4}
+    second = {u for u in users if VersionRouter(3, 4, 10, salt="b2").route(u) == 4}
+    wider = {u for u in users if VersionRouter(3, 4, 30, salt="a1").route(u) == 4}
+    assert 1_700 < len(first) < 2_300 and 1_700 < len(second) < 2_300
+    # independent draws overlap in about 10 % of 10 %, not in all of them
+    assert len(first & second) < 0.2 * len(first)
+    assert first <= wider and 5_500 < len(wider) < 6_500
