@@ -283,6 +283,7 @@ def _commands() -> dict[str, tuple[Callable[[Any], None], Callable[[argparse.Nam
     from pipelines.retrain import command as retrain_command
     from services.control import commands as control
     from services.control import rollout_commands as rollout
+    from services.dashboards import report
 
     return {
         "train": (_train_parser, _run_train),
@@ -295,6 +296,7 @@ def _commands() -> dict[str, tuple[Callable[[Any], None], Callable[[argparse.Nam
         "rollout": (rollout.add_rollout_parser, rollout.run_rollout),
         "rollback": (rollout.add_rollback_parser, rollout.run_rollback),
         "promote": (rollout.add_promote_parser, rollout.run_promote),
+        "report": (report.add_parser, report.run),
     }
 
 

@@ -1,0 +1,134 @@
+"""Grafana dashboard JSON from the panel definitions (``python -m services.dashboards.grafana
+monitoring/grafana/dashboards`` rewrites the provisioned files; a test checks they match)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from services.dashboards.panels import DASHBOARDS, Dashboard, Panel
+
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+WIDTH, HEIGHT, COLUMNS = 12, 8, 2  # Grafana's grid is 24 wide
+
+
+def _panel(panel: Panel, index: int) -> dict[str, Any]:
+    steps: list[dict[str, Any]] = [{"color": "green", "value": None}]
+    steps += [{"color": "red", "value": t.value} for t in sorted(panel.thresholds, key=_value)]
+    description = panel.description
+    if panel.thresholds:
+        alerts = ", ".join(f"{t.alert} at {t.value:g}" for t in panel.thresholds)
+        description = f"{description} Threshold lines: {alerts}.".strip()
+    return {
+        "id": index + 1,
+        "type": "timeseries",
+        "title": panel.title,
+        "description": description,
+        "datasource": DATASOURCE,
+        "gridPos": {
+            "x": (index % COLUMNS) * WIDTH,
+            "y": (index // COLUMNS) * HEIGHT,
+            "w": WIDTH,
+            "h": HEIGHT,
+        },
+        "targets": [
+            {"refId": chr(ord("A") + i), "expr": q.expr, "legendFormat": q.legend or "__auto"}
+            for i, q in enumerate(panel.queries)
+        ],
+        "fieldConfig": {
+            "defaults": {
+                "unit": panel.unit,
+                "thresholds": {"mode": "absolute", "steps": steps},
+                "custom": {
+                    "thresholdsStyle": {"mode": "line" if panel.thresholds else "off"},
+                    "lineWidth": 1,
+                },
+            },
+            "overrides": [],
+        },
+        "options": {"legend": {"displayMode": "list", "placement": "bottom"}},
+    }
+
+
+def _value(threshold: Any) -> float:
+    return float(threshold.value)
+
+
+def dashboard_json(dashboard: Dashboard) -> dict[str, Any]:
+    """The dashboard as Grafana's JSON model (schema 39; datasource chosen by a variable)."""
+    annotations = [
+        {
+            "name": "Grafana annotations",
+            "builtIn": 1,
+            "datasource": {"type": "grafana", "uid": "-- Grafana --"},
+            "enable": True,
+            "hide": True,
+            "iconColor": "rgba(0, 211, 255, 1)",
+            "type": "dashboard",
+        }
+    ]
+    annotations += [
+        {
+            "name": query.legend,
+            "datasource": DATASOURCE,
+            "enable": True,
+            "iconColor": "orange",
+            "expr": query.expr,
+            "step": "30s",
+            "titleFormat": query.legend,
+        }
+        for query in dashboard.annotations
+    ]
+    return {
+        "uid": dashboard.uid,
+        "title": dashboard.title,
+        "description": dashboard.description,
+        "tags": ["cascade"],
+        "schemaVersion": 39,
+        "version": 1,
+        "editable": True,
+        "refresh": "30s",
+        "time": {"from": "now-3h", "to": "now"},
+        "timezone": "utc",
+        "annotations": {"list": annotations},
+        "templating": {
+            "list": [
+                {
+                    "name": "datasource",
+                    "label": "Prometheus",
+                    "type": "datasource",
+                    "query": "prometheus",
+                    "current": {},
+                    "hide": 0,
+                }
+            ]
+        },
+        "panels": [_panel(panel, i) for i, panel in enumerate(dashboard.panels)],
+    }
+
+
+def render(dashboard: Dashboard) -> str:
+    return json.dumps(dashboard_json(dashboard), indent=2, sort_keys=True) + "\n"
+
+
+def file_name(dashboard: Dashboard) -> str:
+    return f"{dashboard.uid}.json"
+
+
+def write_all(directory: Path) -> list[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for dashboard in DASHBOARDS:
+        path = directory / file_name(dashboard)
+        path.write_text(render(dashboard))
+        paths.append(path)
+    return paths
+
+
+if __name__ == "__main__":
+    for written in write_all(
+        Path(sys.argv[1] if len(sys.argv) > 1 else "monitoring/grafana/dashboards")
+    ):
+        print(written)

@@ -1,0 +1,180 @@
+"""``cascade report``: the dashboards' panels rendered to PNG from a Prometheus, for a user
+without Grafana (same queries, same threshold lines). One PNG per dashboard."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from pipelines.errors import CascadeError
+from services.dashboards.panels import DASHBOARDS, Dashboard, Panel
+
+UNIT_SCALE = {"percentunit": (100.0, "%"), "s": (1000.0, "ms"), "reqps": (1.0, "req/s")}
+
+
+class PrometheusUnavailable(CascadeError):
+    """Prometheus did not answer, or refused a query."""
+
+
+@dataclass(frozen=True)
+class Series:
+    label: str
+    times: list[float]
+    values: list[float]
+
+
+def query_range(
+    client: httpx.Client, expr: str, start: float, end: float, step: float
+) -> list[dict[str, Any]]:
+    """Prometheus' ``/api/v1/query_range`` result (a list of series)."""
+    try:
+        response = client.get(
+            "/api/v1/query_range", params={"query": expr, "start": start, "end": end, "step": step}
+        )
+    except httpx.HTTPError as error:
+        raise PrometheusUnavailable(
+            f"Prometheus at {client.base_url} did not answer: {error}"
+        ) from error
+    body = (
+        response.json()
+        if response.headers.get("content-type", "").startswith("application/json")
+        else {}
+    )
+    if response.status_code != 200 or body.get("status") != "success":
+        raise PrometheusUnavailable(
+            f"Prometheus refused {expr!r}: {body.get('error', response.text[:200])}"
+        )
+    return list(body["data"]["result"])
+
+
+def _legend(template: str, labels: dict[str, str]) -> str:
+    text = template or ", ".join(f"{k}={v}" for k, v in sorted(labels.items())) or "value"
+    for key, value in labels.items():
+        text = text.replace("{{" + key + "}}", value)
+    return text
+
+
+def panel_series(
+    client: httpx.Client, panel: Panel, start: float, end: float, step: float
+) -> list[Series]:
+    """Every series of every query of the panel (NaN and Inf points dropped)."""
+    out = []
+    for query in panel.queries:
+        for result in query_range(client, query.expr, start, end, step):
+            points = [(float(t), float(v)) for t, v in result["values"]]
+            points = [(t, v) for t, v in points if math.isfinite(v)]
+            if points:
+                times, values = zip(*points, strict=True)
+                out.append(
+                    Series(_legend(query.legend, result["metric"]), list(times), list(values))
+                )
+    return out
+
+
+def render_dashboard(
+    client: httpx.Client, dashboard: Dashboard, start: float, end: float, step: float, out: Path
+) -> tuple[Path, list[str]]:
+    """One PNG of the dashboard's panels (a grid, two per row); returns it and the titles of
+    panels that had no data."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = dashboard.panels
+    rows = math.ceil(len(panels) / 2)
+    figure, axes = plt.subplots(rows, 2, figsize=(14, 3.6 * rows), squeeze=False)
+    empty = []
+    for ax, panel in zip(axes.flat, panels, strict=False):
+        scale, unit = UNIT_SCALE.get(panel.unit, (1.0, ""))
+        series = panel_series(client, panel, start, end, step)
+        for s in series[:12]:  # a legend of more lines is unreadable; the rest are left out
+            ax.plot(
+                [t - end for t in s.times], [v * scale for v in s.values], label=s.label, lw=1.2
+            )
+        for threshold in panel.thresholds:
+            ax.axhline(threshold.value * scale, color="red", ls="--", lw=1)
+            ax.annotate(
+                f"{threshold.alert} {threshold.value * scale:g}{unit}",
+                (0.01, threshold.value * scale),
+                xycoords=("axes fraction", "data"),
+                color="red",
+                fontsize=7,
+                va="bottom",
+            )
+        if not series:
+            empty.append(panel.title)
+            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+        ax.set_title(panel.title, fontsize=10)
+        ax.set_xlabel("seconds before the end of the window", fontsize=8)
+        ax.set_ylabel(unit, fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+        if series:
+            ax.legend(fontsize=7, loc="upper left")
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.axis("off")
+    figure.suptitle(
+        f"{dashboard.title} (until {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(end))})"
+    )
+    figure.tight_layout()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{dashboard.uid}.png"
+    figure.savefig(path, dpi=90)
+    plt.close(figure)
+    return path, empty
+
+
+def add_parser(commands: Any) -> None:
+    parser = commands.add_parser(
+        "report",
+        help="render the dashboards' panels to PNG from a Prometheus (no Grafana needed)",
+        description="Query a Prometheus with the dashboards' queries and write one PNG per "
+        "dashboard, threshold lines included.",
+    )
+    parser.add_argument(
+        "--prometheus",
+        default="http://127.0.0.1:9090",
+        help="Prometheus base URL (default: http://127.0.0.1:9090)",
+    )
+    parser.add_argument(
+        "--minutes", type=float, default=60.0, help="the window, ending now (default: 60)"
+    )
+    parser.add_argument(
+        "--step", type=float, default=0.0, help="seconds between points (default: window / 240)"
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("artifacts/report"),
+        help="where the PNGs go (default: artifacts/report)",
+    )
+    parser.add_argument(
+        "--dashboard",
+        choices=[d.uid for d in DASHBOARDS],
+        action="append",
+        help="only these dashboards (repeatable; default: all)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.minutes <= 0:
+        raise CascadeError(f"--minutes must be positive, got {args.minutes}")
+    if args.step < 0:
+        raise CascadeError(f"--step must be >= 0, got {args.step}")
+    end = time.time()
+    start = end - args.minutes * 60
+    step = args.step or max(1.0, args.minutes * 60 / 240)
+    chosen = [d for d in DASHBOARDS if not args.dashboard or d.uid in args.dashboard]
+    with httpx.Client(base_url=args.prometheus, timeout=30.0) as client:
+        for dashboard in chosen:
+            path, empty = render_dashboard(client, dashboard, start, end, step, args.out)
+            note = f" (no data: {'; '.join(empty)})" if empty else ""
+            print(f"{path}{note}", flush=True)
+    return 0

@@ -1,0 +1,62 @@
+"""The provisioned Grafana JSON is what the panel definitions generate, and stays bounded."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from services.dashboards.grafana import dashboard_json, file_name, render
+from services.dashboards.panels import DASHBOARDS, all_panels
+
+ROOT = Path(__file__).resolve().parents[3]
+PROVISIONED = ROOT / "monitoring" / "grafana" / "dashboards"
+# labels whose values come from fixed sets (never from a request)
+BOUNDED_LABELS = {"le", "stage", "reason", "tier", "state", "model_version", "feature",
+                  "outcome", "model", "version", "type", "name", "result"}  # fmt: skip
+
+
+@pytest.mark.parametrize("dashboard", DASHBOARDS, ids=lambda d: d.uid)
+def test_the_provisioned_json_is_generated_from_the_panels(dashboard) -> None:
+    path = PROVISIONED / file_name(dashboard)
+    assert path.read_text() == render(dashboard), (
+        f"{path} is stale: run python -m services.dashboards.grafana monitoring/grafana/dashboards"
+    )
+
+
+def test_every_panel_has_a_unique_title_queries_and_a_grid_place() -> None:
+    for dashboard in DASHBOARDS:
+        model = dashboard_json(dashboard)
+        titles = [p["title"] for p in model["panels"]]
+        assert len(titles) == len(set(titles))
+        places = {(p["gridPos"]["x"], p["gridPos"]["y"]) for p in model["panels"]}
+        assert len(places) == len(titles)
+        for panel in model["panels"]:
+            assert panel["targets"] and all(t["expr"] for t in panel["targets"])
+    assert len({d.uid for d in DASHBOARDS}) == len(DASHBOARDS)
+
+
+def test_panels_group_only_by_labels_with_fixed_value_sets() -> None:
+    for _, panel in all_panels():
+        for query in panel.queries:
+            for group in re.findall(r"by \(([^)]*)\)", query.expr):
+                labels = {label.strip() for label in group.split(",")}
+                assert labels <= BOUNDED_LABELS, (panel.title, labels - BOUNDED_LABELS)
+
+
+def test_threshold_lines_are_drawn_in_grafana() -> None:
+    for dashboard in DASHBOARDS:
+        for panel, model in zip(dashboard.panels, dashboard_json(dashboard)["panels"], strict=True):
+            steps = model["fieldConfig"]["defaults"]["thresholds"]["steps"]
+            style = model["fieldConfig"]["defaults"]["custom"]["thresholdsStyle"]["mode"]
+            assert [s["value"] for s in steps[1:]] == sorted(t.value for t in panel.thresholds)
+            assert style == ("line" if panel.thresholds else "off")
+
+
+def test_provisioning_points_grafana_at_the_dashboards() -> None:
+    provider = (ROOT / "monitoring/grafana/provisioning/dashboards/cascade.yml").read_text()
+    assert "type: file" in provider and "/var/lib/grafana/dashboards/cascade" in provider
+    for path in PROVISIONED.glob("*.json"):
+        assert json.loads(path.read_text())["uid"] in {d.uid for d in DASHBOARDS}
