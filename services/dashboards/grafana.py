@@ -14,18 +14,27 @@ DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 WIDTH, HEIGHT, COLUMNS = 12, 8, 2  # Grafana's grid is 24 wide
 
 
+def _threshold_override(panel: Panel, name: str) -> dict[str, Any]:
+    """Threshold series: red dashed lines (on a right axis when in another unit)."""
+    properties: list[dict[str, Any]] = [
+        {"id": "color", "value": {"mode": "fixed", "fixedColor": "red"}},
+        {"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}},
+    ]
+    if panel.threshold_unit is not None:
+        properties += [
+            {"id": "custom.axisPlacement", "value": "right"},
+            {"id": "unit", "value": panel.threshold_unit},
+        ]
+    return {"matcher": {"id": "byName", "options": name}, "properties": properties}
+
+
 def _panel(panel: Panel, index: int) -> dict[str, Any]:
-    steps: list[dict[str, Any]] = [{"color": "green", "value": None}]
-    steps += [{"color": "red", "value": t.value} for t in sorted(panel.thresholds, key=_value)]
-    description = panel.description
-    if panel.thresholds:
-        alerts = ", ".join(f"{t.alert} at {t.value:g}" for t in panel.thresholds)
-        description = f"{description} Threshold lines: {alerts}.".strip()
+    queries = [*panel.queries, *(t.query for t in panel.thresholds)]
     return {
         "id": index + 1,
         "type": "timeseries",
         "title": panel.title,
-        "description": description,
+        "description": panel.description,
         "datasource": DATASOURCE,
         "gridPos": {
             "x": (index % COLUMNS) * WIDTH,
@@ -35,25 +44,14 @@ def _panel(panel: Panel, index: int) -> dict[str, Any]:
         },
         "targets": [
             {"refId": chr(ord("A") + i), "expr": q.expr, "legendFormat": q.legend or "__auto"}
-            for i, q in enumerate(panel.queries)
+            for i, q in enumerate(queries)
         ],
         "fieldConfig": {
-            "defaults": {
-                "unit": panel.unit,
-                "thresholds": {"mode": "absolute", "steps": steps},
-                "custom": {
-                    "thresholdsStyle": {"mode": "line" if panel.thresholds else "off"},
-                    "lineWidth": 1,
-                },
-            },
-            "overrides": [],
+            "defaults": {"unit": panel.unit, "custom": {"lineWidth": 1}},
+            "overrides": [_threshold_override(panel, t.query.legend) for t in panel.thresholds],
         },
         "options": {"legend": {"displayMode": "list", "placement": "bottom"}},
     }
-
-
-def _value(threshold: Any) -> float:
-    return float(threshold.value)
 
 
 def dashboard_json(dashboard: Dashboard) -> dict[str, Any]:

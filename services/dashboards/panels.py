@@ -1,10 +1,12 @@
 """The panels of Cascade's four dashboards, each a PromQL query set with its unit and the
 alert thresholds it draws.
 
+Panels plot the series the alert rules judge (the recording rules of
+``monitoring/prometheus/recording_rules.yml``) and draw each alert's threshold from the
+constant series the rules compare against (``cascade:threshold:*``), so a line on a dashboard
+is always the number the alert uses; a test checks every alert has such a panel.
 Label sets stay bounded: every ``by (...)`` names labels whose values come from fixed sets
-(stage, reason, tier, served model versions, monitored features). A threshold names the alert
-it belongs to, and a test checks the number against the alert rule's expression, so a
-dashboard never draws a line the alert does not use.
+(stage, reason, tier, served model versions, monitored features).
 """
 
 from __future__ import annotations
@@ -22,20 +24,26 @@ class Query:
 
 @dataclass(frozen=True)
 class Threshold:
-    """A horizontal line: the value an alert fires at (``alert``: the alert rule's name)."""
+    """A threshold line: the constant series ``series`` that alert ``alert`` compares with,
+    drawn from Prometheus, so the line is the number the alert uses."""
 
-    value: float
+    series: str
     alert: str
+
+    @property
+    def query(self) -> Query:
+        return Query(self.series, f"{self.alert} threshold")
 
 
 @dataclass(frozen=True)
 class Panel:
     title: str
     queries: tuple[Query, ...]
-    unit: str = "short"  # Grafana unit id: short, percentunit, s, ops, ...
+    unit: str = "short"  # Grafana unit id: short, percentunit, s, reqps, ...
     thresholds: tuple[Threshold, ...] = ()
     description: str = ""
     needs: str = "gateway"  # what must be scraped for data: gateway, rollout, triton
+    threshold_unit: str | None = None  # thresholds in another unit: drawn on a second axis
 
 
 @dataclass(frozen=True)
@@ -47,78 +55,91 @@ class Dashboard:
     annotations: tuple[Query, ...] = field(default=())
 
 
-RATE = "5m"  # the rate window of every panel (a few scrape intervals at any usual setting)
+RATE = "5m"  # the rate window of panels that have no recording rule
 
-_DEGRADED_RATIO = (
-    f"sum(rate(cascade_degraded_responses_total[{RATE}]))"
-    f" / clamp_min(sum(rate(cascade_request_latency_seconds_count[{RATE}])), 1e-9)"
-)
+
+def _threshold(name: str, *alerts: str) -> tuple[Threshold, ...]:
+    return tuple(Threshold(f"cascade:threshold:{name}", alert) for alert in alerts)
+
 
 SERVICE = Dashboard(
     uid="cascade-service",
     title="Cascade / service health",
-    description="Request rate, latency per stage, degraded answers by reason, the online store.",
+    description="Request rate, latency per stage, errors and degraded answers by reason, "
+    "the breakers and the online store.",
     panels=(
         Panel(
-            "Requests per second",
-            (Query(f"sum(rate(cascade_request_latency_seconds_count[{RATE}]))", "requests/s"),),
+            "Answers per second",
+            (Query("sum(job:cascade_recommendations:rate5m)", "answers/s"),),
             unit="reqps",
         ),
         Panel(
-            "End-to-end latency (p50, p99)",
+            "End-to-end latency (p50, p99 over 5m)",
             (
-                Query(
-                    "histogram_quantile(0.5, sum by (le) "
-                    f"(rate(cascade_request_latency_seconds_bucket[{RATE}])))",
-                    "p50",
-                ),
-                Query(
-                    "histogram_quantile(0.99, sum by (le) "
-                    f"(rate(cascade_request_latency_seconds_bucket[{RATE}])))",
-                    "p99",
-                ),
+                Query("max(job:cascade_request_latency_seconds:p50_rate5m)", "p50"),
+                Query("max(job:cascade_request_latency_seconds:p99_rate5m)", "p99"),
             ),
             unit="s",
-            thresholds=(Threshold(0.05, "CascadeLatencyP99High"),),
+            thresholds=_threshold("request_p99_seconds", "CascadeRequestLatencyP99High"),
         ),
         Panel(
             "p99 latency per stage",
             (
                 Query(
-                    "histogram_quantile(0.99, sum by (le, stage) "
-                    f"(rate(cascade_stage_latency_seconds_bucket[{RATE}])))",
-                    "{{stage}}",
+                    "max by (stage) (stage:cascade_stage_latency_seconds:p99_rate5m)", "{{stage}}"
                 ),
             ),
             unit="s",
         ),
         Panel(
-            "Degraded answers (share of requests)",
-            (Query(_DEGRADED_RATIO, "degraded"),),
+            "Model errors per answer",
+            (Query("max(job:cascade_errors_per_answer:ratio_rate5m)", "errors per answer"),),
             unit="percentunit",
-            thresholds=(Threshold(0.05, "CascadeDegradedRatioHigh"),),
+            thresholds=_threshold("error_ratio", "CascadeErrorRatioHigh"),
         ),
         Panel(
-            "Fallbacks by stage and reason",
+            "Degraded answers (share)",
+            (Query("max(job:cascade_degraded_responses:ratio_rate5m)", "degraded"),),
+            unit="percentunit",
+            thresholds=_threshold("degraded_ratio", "CascadeDegradedRatioHigh"),
+        ),
+        Panel(
+            "Fallbacks per answer by stage and reason",
             (
                 Query(
-                    f"sum by (stage, reason) (rate(cascade_fallback_total[{RATE}]))",
+                    "max by (stage, reason) "
+                    "(stage_reason:cascade_fallbacks_per_answer:ratio_rate5m)",
                     "{{stage}} {{reason}}",
                 ),
             ),
+            unit="percentunit",
+        ),
+        Panel(
+            "Calls refused by an open breaker (per second)",
+            (
+                Query(
+                    "sum by (stage) (stage:cascade_circuit_open_fallbacks:rate1m)",
+                    "{{stage}}",
+                ),
+            ),
             unit="ops",
+            thresholds=_threshold(
+                "circuit_open_fallbacks_per_second",
+                "CascadeRedisBreakerOpen",
+                "CascadeTritonBreakerOpen",
+            ),
+            description="features: the Redis breaker; retrieval and scoring: Triton's.",
         ),
         Panel(
             "Online store state",
             (Query("max by (state) (cascade_online_store_state)", "{{state}}"),),
         ),
         Panel(
-            "Impression sets not logged",
+            "Impression sets not logged (per second)",
             (
                 Query(
-                    f"sum by (reason) (rate(cascade_impressions_dropped_total[{RATE}])) or "
-                    "vector(0)",
-                    "{{reason}}",
+                    f"sum(rate(cascade_impressions_dropped_total[{RATE}])) or vector(0)",
+                    "dropped",
                 ),
             ),
             unit="ops",
@@ -126,34 +147,49 @@ SERVICE = Dashboard(
     ),
 )
 
-_CTR = (
-    f'sum by (model_version) (rate(cascade_feedback_events_total{{type="click"}}[{RATE}]))'
-    f" / clamp_min(sum by (model_version) (rate(cascade_impressions_total[{RATE}])), 1e-9)"
-)
-_HIT_RATE = (
-    f"sum by (model_version) (rate(cascade_hits_total[{RATE}]))"
-    f" / clamp_min(sum by (model_version) (rate(cascade_impression_sets_total[{RATE}])), 1e-9)"
-)
-
 MODELS = Dashboard(
     uid="cascade-models",
     title="Cascade / models",
-    description="KPIs per served model version, the canary's weight and the rollout's analysis.",
+    description="KPIs per served model version against its own baseline, the canary's weight "
+    "and the rollout's analysis; rollout decisions as annotations.",
     panels=(
         Panel(
             "Answers per model version",
             (
                 Query(
-                    f"sum by (model_version) (rate(cascade_recommendations_total[{RATE}]))",
+                    "sum by (model_version) (model_version:cascade_recommendations:rate5m)",
                     "v{{model_version}}",
                 ),
             ),
             unit="reqps",
         ),
-        Panel("CTR per model version", (Query(_CTR, "v{{model_version}}"),), unit="percentunit"),
         Panel(
-            "Hit rate per model version (answers with a click)",
-            (Query(_HIT_RATE, "v{{model_version}}"),),
+            "CTR per model version (30m) and its alert line (baseline x ratio)",
+            (
+                Query(
+                    "max by (model_version) (model_version:cascade_ctr:ratio_rate30m)",
+                    "v{{model_version}} CTR 30m",
+                ),
+                Query(
+                    "max by (model_version) (model_version:cascade_ctr:ratio_rate6h offset 30m)"
+                    " * on () group_left () cascade:threshold:ctr_vs_baseline_min_ratio",
+                    "v{{model_version}} alert line",
+                ),
+            ),
+            unit="percentunit",
+            thresholds=_threshold("ctr_vs_baseline_min_ratio", "CascadeCtrDrop"),
+            description="The alert line is the version's CTR over the 6h before times the "
+            "allowed ratio (drawn once 6h30m of history exist); the threshold series is the "
+            "ratio itself.",
+        ),
+        Panel(
+            "Hit rate per model version (answers with a click, 30m)",
+            (
+                Query(
+                    "max by (model_version) (model_version:cascade_hit_rate:ratio_rate30m)",
+                    "v{{model_version}}",
+                ),
+            ),
             unit="percentunit",
         ),
         Panel(
@@ -174,8 +210,7 @@ MODELS = Dashboard(
             "Popularity of what is served (mean percentile)",
             (
                 Query(
-                    "max by (model_version) (cascade_served_popularity_mean)",
-                    "v{{model_version}}",
+                    "max by (model_version) (cascade_served_popularity_mean)", "v{{model_version}}"
                 ),
             ),
             unit="percentunit",
@@ -183,25 +218,34 @@ MODELS = Dashboard(
         Panel(
             "Rollout: CTR difference and its confidence sequence",
             (
-                Query('cascade_rollout_analysis_value{name="ctr_difference"}', "difference"),
-                Query('cascade_rollout_analysis_value{name="ctr_cs_lower"}', "lower bound"),
-                Query('cascade_rollout_analysis_value{name="ctr_cs_upper"}', "upper bound"),
+                Query('max(cascade_rollout_analysis_value{name="ctr_difference"})', "difference"),
+                Query('max(cascade_rollout_analysis_value{name="ctr_cs_lower"})', "lower bound"),
+                Query('max(cascade_rollout_analysis_value{name="ctr_cs_upper"})', "upper bound"),
                 Query(
-                    'cascade_rollout_analysis_value{name="ctr_non_inferiority_bound"}',
+                    'max(cascade_rollout_analysis_value{name="ctr_non_inferiority_bound"})',
                     "non-inferiority bound",
                 ),
             ),
             needs="rollout",
         ),
         Panel(
-            "Rollout decisions",
+            "Rollout looks per 15m by outcome",
             (
                 Query(
-                    f"sum by (outcome, reason) (increase(cascade_rollout_decisions_total[{RATE}]))",
-                    "{{outcome}} {{reason}}",
+                    "sum by (outcome) (increase(cascade_rollout_decisions_total[15m]))",
+                    "{{outcome}}",
                 ),
+                Query('max(cascade_rollout_state{status="running"})', "running"),
+            ),
+            thresholds=(
+                *_threshold("canary_seconds_without_decision", "CascadeCanaryNoDecision"),
+                *_threshold("canary_seconds_holding", "CascadeCanaryHoldingTooLong"),
+                *_threshold("canary_seconds_paused", "CascadeCanaryPaused"),
             ),
             needs="rollout",
+            threshold_unit="s",
+            description="A running rollout with no look in 15m, only holds for 30m, or paused "
+            "for 10m alerts; the thresholds are those durations (right axis).",
         ),
     ),
     annotations=(
@@ -213,26 +257,40 @@ DRIFT = Dashboard(
     uid="cascade-drift",
     title="Cascade / drift",
     description="Population stability of the monitored features and scores against each "
-    "version's training data, with the samples behind every value.",
+    "version's training data, counted only with enough samples behind a value.",
     panels=(
         Panel(
-            "PSI per feature",
+            "PSI per feature (with enough samples)",
             (
                 Query(
-                    "max by (model_version, feature) (cascade_drift_psi)",
+                    "max by (model_version, feature) "
+                    "(model_version_feature:cascade_drift_psi:max_sampled)",
                     "v{{model_version}} {{feature}}",
                 ),
             ),
-            thresholds=(Threshold(0.25, "CascadeFeatureDrift"),),
+            thresholds=_threshold("drift_psi", "CascadeFeatureDrift"),
         ),
         Panel(
-            "Jensen-Shannon distance per feature",
+            "Jensen-Shannon distance per feature (with enough samples)",
             (
                 Query(
-                    "max by (model_version, feature) (cascade_drift_js_distance)",
+                    "max by (model_version, feature) "
+                    "(model_version_feature:cascade_drift_js_distance:max_sampled)",
                     "v{{model_version}} {{feature}}",
                 ),
             ),
+            thresholds=_threshold("drift_js_distance", "CascadeScoreDistributionDrift"),
+        ),
+        Panel(
+            "Share of features over the PSI threshold",
+            (
+                Query(
+                    "max by (model_version) (model_version:cascade_drifted_features:ratio)",
+                    "v{{model_version}}",
+                ),
+            ),
+            unit="percentunit",
+            thresholds=_threshold("drifted_features_share", "CascadeDriftedFeatureShare"),
         ),
         Panel(
             "Samples behind each drift value",
@@ -242,6 +300,8 @@ DRIFT = Dashboard(
                     "v{{model_version}} {{feature}}",
                 ),
             ),
+            thresholds=_threshold("drift_min_samples", "CascadeFeatureDrift"),
+            description="Values from fewer samples than the line are not judged.",
         ),
     ),
 )
@@ -253,17 +313,20 @@ CACHE_AND_TRITON = Dashboard(
     "compute time per model and version.",
     panels=(
         Panel(
-            "Embedding cache hit ratio per tier",
+            "Embedding cache hit ratio (device + host tiers)",
+            (Query("max(job:cascade_embedding_cache_hits:ratio_rate5m)", "hit ratio"),),
+            unit="percentunit",
+            thresholds=_threshold("embedding_cache_hit_ratio", "CascadeEmbeddingCacheHitRatioLow"),
+        ),
+        Panel(
+            "Embedding cache lookups per tier and result",
             (
                 Query(
-                    "sum by (tier) (rate(cascade_embedding_cache_lookups_total"
-                    f'{{result="hit"}}[{RATE}])) / clamp_min(sum by (tier) '
-                    "(rate(cascade_embedding_cache_lookups_total"
-                    f'{{result=~"hit|miss"}}[{RATE}])), 1e-9)',
-                    "{{tier}}",
+                    "sum by (tier, result) (tier_result:cascade_embedding_cache_lookups:rate5m)",
+                    "{{tier}} {{result}}",
                 ),
             ),
-            unit="percentunit",
+            unit="ops",
         ),
         Panel(
             "Embedding cache lookup p99",

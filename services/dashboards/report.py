@@ -77,6 +77,37 @@ def panel_series(
     return out
 
 
+def _draw_thresholds(
+    client: httpx.Client, ax: Any, panel: Panel, window: tuple[float, float, float], scale: float
+) -> None:
+    """Each threshold series as a red dashed line, labelled with its alert (on a second axis
+    when the thresholds are in another unit than the panel)."""
+    if not panel.thresholds:
+        return
+    start, end, step = window
+    target = ax
+    if panel.threshold_unit is not None:
+        target = ax.twinx()
+        target.set_ylabel(f"threshold ({panel.threshold_unit})", fontsize=8, color="red")
+        target.tick_params(labelsize=7, colors="red")
+        scale = 1.0
+    for threshold in panel.thresholds:
+        for result in query_range(client, threshold.series, start, end, step):
+            points = [(float(t), float(v)) for t, v in result["values"]]
+            if not points:
+                continue
+            times, values = zip(*points, strict=True)
+            target.plot([t - end for t in times], [v * scale for v in values], "r--", lw=1)
+            target.annotate(
+                f"{threshold.alert} {values[-1] * scale:g}",
+                (times[-1] - end, values[-1] * scale),
+                color="red",
+                fontsize=7,
+                ha="right",
+                va="bottom",
+            )
+
+
 def render_dashboard(
     client: httpx.Client, dashboard: Dashboard, start: float, end: float, step: float, out: Path
 ) -> tuple[Path, list[str]]:
@@ -98,16 +129,7 @@ def render_dashboard(
             ax.plot(
                 [t - end for t in s.times], [v * scale for v in s.values], label=s.label, lw=1.2
             )
-        for threshold in panel.thresholds:
-            ax.axhline(threshold.value * scale, color="red", ls="--", lw=1)
-            ax.annotate(
-                f"{threshold.alert} {threshold.value * scale:g}{unit}",
-                (0.01, threshold.value * scale),
-                xycoords=("axes fraction", "data"),
-                color="red",
-                fontsize=7,
-                va="bottom",
-            )
+        _draw_thresholds(client, ax, panel, (start, end, step), scale)
         if not series:
             empty.append(panel.title)
             ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from services.dashboards.grafana import dashboard_json, file_name, render
 from services.dashboards.panels import DASHBOARDS, all_panels
@@ -46,13 +47,29 @@ def test_panels_group_only_by_labels_with_fixed_value_sets() -> None:
                 assert labels <= BOUNDED_LABELS, (panel.title, labels - BOUNDED_LABELS)
 
 
-def test_threshold_lines_are_drawn_in_grafana() -> None:
+def test_threshold_series_are_drawn_as_red_dashed_lines() -> None:
     for dashboard in DASHBOARDS:
         for panel, model in zip(dashboard.panels, dashboard_json(dashboard)["panels"], strict=True):
-            steps = model["fieldConfig"]["defaults"]["thresholds"]["steps"]
-            style = model["fieldConfig"]["defaults"]["custom"]["thresholdsStyle"]["mode"]
-            assert [s["value"] for s in steps[1:]] == sorted(t.value for t in panel.thresholds)
-            assert style == ("line" if panel.thresholds else "off")
+            exprs = [t["expr"] for t in model["targets"]]
+            assert [t.series for t in panel.thresholds] == exprs[len(panel.queries) :]
+            styled = {o["matcher"]["options"] for o in model["fieldConfig"]["overrides"]}
+            assert styled == {f"{t.alert} threshold" for t in panel.thresholds}
+
+
+def test_every_alert_has_a_panel_that_draws_the_threshold_it_uses() -> None:
+    rules = yaml.safe_load((ROOT / "monitoring/prometheus/alert_rules.yml").read_text())
+    alerts = {
+        rule["alert"]: rule["expr"] + json.dumps(rule.get("annotations", {}))
+        for group in rules["groups"]
+        for rule in group["rules"]
+        if "alert" in rule
+    }
+    drawn = {(t.alert, t.series) for _, panel in all_panels() for t in panel.thresholds}
+    for alert, text in alerts.items():
+        series = [s for a, s in drawn if a == alert]
+        assert series, f"no panel draws the threshold of {alert}"
+        assert all(s in text for s in series), (alert, series)
+    assert {a for a, _ in drawn} <= set(alerts), "a panel names an alert that does not exist"
 
 
 def test_provisioning_points_grafana_at_the_dashboards() -> None:
