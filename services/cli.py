@@ -283,7 +283,7 @@ def _commands() -> dict[str, tuple[Callable[[Any], None], Callable[[argparse.Nam
     from pipelines.retrain import command as retrain_command
     from services.control import commands as control
     from services.control import rollout_commands as rollout
-    from services.dashboards import report
+    from services.monitoring import report
 
     return {
         "train": (_train_parser, _run_train),

@@ -1,14 +1,12 @@
-"""Grafana dashboard JSON from the panel definitions (``python -m services.dashboards.grafana
-monitoring/grafana/dashboards`` rewrites the provisioned files; a test checks they match)."""
+"""Grafana dashboard JSON from the panel definitions (``python -m services.monitoring.generate``
+rewrites the provisioned files; a test checks they match)."""
 
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 from typing import Any
 
-from services.dashboards.panels import DASHBOARDS, Dashboard, Panel
+from services.monitoring.panels import Dashboard, Panel
 
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 WIDTH, HEIGHT, COLUMNS = 12, 8, 2  # Grafana's grid is 24 wide
@@ -113,20 +111,3 @@ def render(dashboard: Dashboard) -> str:
 
 def file_name(dashboard: Dashboard) -> str:
     return f"{dashboard.uid}.json"
-
-
-def write_all(directory: Path) -> list[Path]:
-    directory.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for dashboard in DASHBOARDS:
-        path = directory / file_name(dashboard)
-        path.write_text(render(dashboard))
-        paths.append(path)
-    return paths
-
-
-if __name__ == "__main__":
-    for written in write_all(
-        Path(sys.argv[1] if len(sys.argv) > 1 else "monitoring/grafana/dashboards")
-    ):
-        print(written)

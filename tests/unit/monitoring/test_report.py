@@ -9,8 +9,8 @@ import httpx
 import pytest
 
 from services.cli import main
-from services.dashboards.panels import Panel, Query, Threshold
-from services.dashboards.report import (
+from services.monitoring.panels import Panel, Query, Threshold
+from services.monitoring.report import (
     PrometheusUnavailable,
     panel_series,
     query_range,
@@ -62,7 +62,7 @@ def test_the_command_writes_one_png_per_dashboard(tmp_path: Path, monkeypatch, c
 
     real_client = httpx.Client
     monkeypatch.setattr(
-        "services.dashboards.report.httpx.Client",
+        "services.monitoring.report.httpx.Client",
         lambda **kw: real_client(transport=httpx.MockTransport(handler), **kw),
     )
     assert main(["report", "--out", str(tmp_path), "--minutes", "5"]) == 0

@@ -6,11 +6,11 @@ import json
 import re
 from pathlib import Path
 
-import pytest
 import yaml
 
-from services.dashboards.grafana import dashboard_json, file_name, render
-from services.dashboards.panels import DASHBOARDS, all_panels
+from services.monitoring.generate import generated
+from services.monitoring.grafana import dashboard_json
+from services.monitoring.panels import DASHBOARDS, all_panels
 
 ROOT = Path(__file__).resolve().parents[3]
 PROVISIONED = ROOT / "monitoring" / "grafana" / "dashboards"
@@ -19,12 +19,21 @@ BOUNDED_LABELS = {"le", "stage", "reason", "tier", "state", "model_version", "fe
                   "outcome", "model", "version", "type", "name", "result"}  # fmt: skip
 
 
-@pytest.mark.parametrize("dashboard", DASHBOARDS, ids=lambda d: d.uid)
-def test_the_provisioned_json_is_generated_from_the_panels(dashboard) -> None:
-    path = PROVISIONED / file_name(dashboard)
-    assert path.read_text() == render(dashboard), (
-        f"{path} is stale: run python -m services.dashboards.grafana monitoring/grafana/dashboards"
-    )
+def test_every_generated_file_is_current() -> None:
+    stale = [
+        str(path.relative_to(ROOT))
+        for path, content in generated().items()
+        if not path.exists() or path.read_text() != content
+    ]
+    assert not stale, f"stale: {stale}; run python -m services.monitoring.generate"
+
+
+def test_the_kubernetes_rule_holds_every_rule_group() -> None:
+    rule = yaml.safe_load((ROOT / "k8s/monitoring/prometheus-rules.yaml").read_text())
+    names = {g["name"] for g in rule["spec"]["groups"]}
+    for source in ("recording_rules.yml", "alert_rules.yml"):
+        groups = yaml.safe_load((ROOT / "monitoring/prometheus" / source).read_text())["groups"]
+        assert {g["name"] for g in groups} <= names
 
 
 def test_every_panel_has_a_unique_title_queries_and_a_grid_place() -> None:

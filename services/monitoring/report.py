@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 
 from pipelines.errors import CascadeError
-from services.dashboards.panels import DASHBOARDS, Dashboard, Panel
+from services.monitoring.panels import DASHBOARDS, Dashboard, Panel
 
 UNIT_SCALE = {"percentunit": (100.0, "%"), "s": (1000.0, "ms"), "reqps": (1.0, "req/s")}
 
