@@ -31,7 +31,7 @@ def gateway(exported: Path) -> Iterator[tuple[str, Gateway]]:
     port = free_port()
     # a generous model timeout: on a busy test machine a timed-out ranker call would serve
     # degraded, unscored answers, which drift does not count
-    served = Gateway(Settings(artifacts=exported, triton={"timeout_ms": 5000}))  # type: ignore[arg-type]
+    served = Gateway(Settings(artifacts=exported, triton={"timeout_ms": 5000}))
     server = uvicorn.Server(
         server_config(create_app(gateway=served), "127.0.0.1", port, served.settings)
     )

@@ -146,8 +146,16 @@ async def test_retired_versions_lose_their_series(exported: Path) -> None:
         await gateway.close()
 
 
-def test_disabled_drift_counts_nothing() -> None:
-    settings = Settings(drift={"enabled": False})  # type: ignore[arg-type]
-    assert settings.drift.enabled is False
+async def test_disabled_drift_counts_nothing(exported: Path) -> None:
+    gateway = Gateway(Settings(artifacts=exported, drift={"enabled": False}))
+    await gateway.start()
+    try:
+        ctx, _ = await gateway.recommend(3, 5, {}, [], None)
+        assert len(ctx.candidates) == 5 and gateway.drift.windows == {}
+    finally:
+        await gateway.close()
+
+
+def test_bad_drift_settings_name_the_field() -> None:
     with pytest.raises(ValueError, match="sub_windows"):
-        Settings(drift={"sub_windows": 1})  # type: ignore[arg-type]
+        Settings(drift={"sub_windows": 1})
