@@ -15,6 +15,7 @@ import numpy as np
 from pipelines.features.spec import USER_TOWER_COLUMNS
 from services.context import RequestContext
 from services.control.desired_state import DesiredState, make_desired_state_store
+from services.drift import DriftMonitor
 from services.errors import FeedbackNotDurable, NotReady
 from services.impressions import ImpressionLog
 from services.inference.backends import InferenceBackend, LocalBackend
@@ -81,6 +82,7 @@ class Gateway:
         self.store_monitor: StoreMonitor | None = None
         self.impressions: ImpressionLog | None = None
         self.follower: StateFollower | None = None
+        self.drift = DriftMonitor(settings.drift, settings.artifacts, lambda: self.releases)
 
     @property
     def ready(self) -> bool:
@@ -123,6 +125,7 @@ class Gateway:
             if desired is not None:
                 self.follower.applied_revision = desired.revision
             self.follower.start()
+        await self.drift.start()
         redis_s, triton_s = settings.redis.timeout_ms / 1000, settings.triton.timeout_ms / 1000
         self.recommender = Recommender(
             [
@@ -133,7 +136,13 @@ class Gateway:
                     self.releases, self.backend, self.triton_breaker, triton_s, settings.candidates
                 ),
                 FilteringStage(self.releases, self.rules),
-                ScoringStage(self.releases, self.backend, self.triton_breaker, triton_s),
+                ScoringStage(
+                    self.releases,
+                    self.backend,
+                    self.triton_breaker,
+                    triton_s,
+                    self.drift.observe_scored,
+                ),
                 OrderingStage(self.releases, self.rules),
             ]
         )
@@ -213,6 +222,7 @@ class Gateway:
 
     async def close(self) -> None:
         self.recommender = None
+        await self.drift.close()
         if self.follower is not None:
             await self.follower.close()
         if self.store_monitor is not None:
@@ -236,4 +246,6 @@ class Gateway:
             context=dict(context),
             exclude=np.asarray(exclude, dtype=np.int64),
         )
-        return await self.recommender(ctx), self.releases[version]
+        ctx = await self.recommender(ctx)
+        self.drift.observe_served(ctx)
+        return ctx, self.releases[version]

@@ -98,3 +98,37 @@ VERSION_LOAD_FAILURES = Counter(
     "Desired model versions this gateway could not load, by role (production, canary).",
     ["role"],
 )
+DRIFT_PSI = Gauge(
+    "cascade_drift_psi",
+    "Population stability index of a monitored quantity over the drift window against the "
+    "version's reference bins (empty bins count as 1e-4).",
+    ["model_version", "feature"],
+)
+DRIFT_JS = Gauge(
+    "cascade_drift_js_distance",
+    "Jensen-Shannon distance (base 2, 0..1) of a monitored quantity's window bins against the "
+    "version's reference bins.",
+    ["model_version", "feature"],
+)
+DRIFT_SAMPLES = Gauge(
+    "cascade_drift_samples",
+    "Values counted in the drift window behind each PSI / JS value.",
+    ["model_version", "feature"],
+)
+DRIFT_REFERENCE = Gauge(
+    "cascade_drift_reference_info",
+    "1 for a served version whose drift reference is loaded (its drift is exported).",
+    ["model_version"],
+)
+DRIFT_WINDOW = Gauge("cascade_drift_window_seconds", "Length of the drift and KPI window.")
+CATALOG_COVERAGE = Gauge(
+    "cascade_catalog_coverage_ratio",
+    "Distinct catalog items served in the window / catalog size, per model version.",
+    ["model_version"],
+)
+SERVED_POPULARITY = Gauge(
+    "cascade_served_popularity_mean",
+    "Mean training-popularity percentile (0 least, 1 most popular) of the items served in the "
+    "window, per model version.",
+    ["model_version"],
+)

@@ -160,6 +160,29 @@ class FollowSettings(BaseModel):
     )
 
 
+class DriftSettings(BaseModel):
+    """Drift statistics and serving KPIs per served version, over a sliding window
+    (services/drift.py; reference bins come from each version's drift_reference.json)."""
+
+    enabled: bool = Field(True, description="Count monitored quantities and export drift.")
+    window_s: float = Field(
+        900.0, ge=10, description="Sliding window the counts, PSI and KPIs cover (seconds)."
+    )
+    sub_windows: int = Field(
+        15, ge=2, le=360, description="Ring slots of the window; it slides by window_s / this."
+    )
+    export_interval_s: float = Field(
+        15.0, gt=0, description="How often PSI, JS distance and KPI gauges are recomputed."
+    )
+    item_sample: int = Field(
+        10,
+        ge=1,
+        le=1000,
+        description="Scored candidates sampled per request for the item-side and score "
+        "quantities (each request weighs the same, as in the reference).",
+    )
+
+
 class Settings(BaseSettings):
     """Everything the gateway reads at start-up, validated once."""
 
@@ -189,6 +212,7 @@ class Settings(BaseSettings):
     feedback: FeedbackSettings = FeedbackSettings()
     impressions: ImpressionSettings = ImpressionSettings()
     follow: FollowSettings = FollowSettings()
+    drift: DriftSettings = DriftSettings()
     streams_dir: Path | None = Field(
         None,
         description="Embedded default only (no Redis): append feedback and impressions as JSON "

@@ -32,7 +32,8 @@ from pipelines.data.schema import RawDataset
 from pipelines.errors import CascadeError
 
 BASE_RATE = 0.02  # relevance of an item the user never rated (MovieLens)
-POPULATIONS = ("all", "young", "old")
+POPULATIONS = ("all", "young", "old", "heavy", "new")
+NEW_USERS = 1000  # size of the "new" population: ids no release knows (cold starts)
 
 
 class Preferences:
@@ -71,8 +72,16 @@ def position_bias(count: int) -> np.ndarray:
 
 
 def population(dataset: RawDataset, name: str) -> np.ndarray:
-    """User ids of a population: everyone, or a demographic shift (for drift scenarios)."""
+    """User ids of a population: everyone, or a shift for drift scenarios: a demographic one
+    (young, old), the most active tenth of the users (heavy: activity and history length
+    move), or users no model has seen (new: cold starts, unknown attributes)."""
     users = dataset.users
+    if name == "new":
+        first = int(users["user_id"].max()) + 1
+        return np.arange(first, first + NEW_USERS, dtype=np.int64)
+    if name == "heavy":
+        activity = dataset.interactions["user_id"].value_counts()
+        return activity.index[: max(1, len(activity) // 10)].to_numpy(np.int64)
     if name == "all":
         chosen = users
     elif name == "young":
@@ -109,11 +118,13 @@ class Report:
     errors: int = 0
     degraded: int = 0
     seconds: float = 0.0
+    shifted: int = 0  # requests sent for the shifted population
 
     def as_dict(self) -> dict:
         return {
             "versions": {str(v): t.as_dict() for v, t in sorted(self.per_version.items())},
             "errors": self.errors,
+            "shifted": self.shifted,
             "degraded": self.degraded,
             "seconds": round(self.seconds, 2),
         }
@@ -145,6 +156,7 @@ class SimulationPlan:
     concurrency: int = 16
     seed: int = 0
     timeout_s: float = 5.0
+    shift_at_s: float | None = None  # from then on, users come from the shifted population
 
 
 async def simulate(
@@ -152,12 +164,21 @@ async def simulate(
     users: np.ndarray,
     preferences: Preferences,
     progress: Callable[[str], None] = lambda _: None,
+    shifted: np.ndarray | None = None,
 ) -> Report:
-    """Drive the gateway at ``plan.rate`` for ``plan.duration_s`` (bounded); return the tally."""
+    """Drive the gateway at ``plan.rate`` for ``plan.duration_s`` (bounded); return the tally.
+
+    With ``plan.shift_at_s`` and ``shifted``, requests scheduled at or after that many
+    seconds draw their users from ``shifted`` instead of ``users`` (a population shift)."""
     import httpx  # the client: imported here so `cascade` starts without the serving extra
 
     if len(users) == 0:
         raise ValueError("the population has no users")
+    if (plan.shift_at_s is None) != (shifted is None):
+        raise ValueError("a population shift needs both shift_at_s and the shifted users")
+    if shifted is not None and len(shifted) == 0:
+        raise ValueError("the shifted population has no users")
+    shift_at = np.inf if plan.shift_at_s is None else plan.shift_at_s
     rng = np.random.default_rng(plan.seed)
     report = Report()
     gate = asyncio.Semaphore(plan.concurrency)
@@ -207,7 +228,13 @@ async def simulate(
             delay = at - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-            user_id = int(users[rng.integers(len(users))])
+            pool = users
+            if number / plan.rate >= shift_at and shifted is not None:
+                pool = shifted
+                if report.shifted == 0:
+                    progress(f"simulate: population shifted after {number} requests")
+                report.shifted += 1
+            user_id = int(pool[rng.integers(len(pool))])
             tasks.append(asyncio.create_task(one(http, user_id, rng.random(plan.k))))
             if number and number % max(1, int(plan.rate * 5)) == 0:
                 progress(f"simulate: {number} requests sent, {report.errors} errors")
@@ -259,6 +286,20 @@ def add_parser(commands: Any) -> None:
         default="all",
         help="who sends requests: everyone, or a shifted population (drift scenarios)",
     )
+    parser.add_argument(
+        "--shift-at",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="switch to the --shift-to population this many seconds into the run",
+    )
+    parser.add_argument(
+        "--shift-to",
+        choices=POPULATIONS,
+        default=None,
+        help="the population requests come from after --shift-at (heavy: the most active "
+        "tenth; new: unknown users, cold starts; young/old: an age shift)",
+    )
 
 
 def _positive(name: str, value: float) -> None:
@@ -269,6 +310,12 @@ def _positive(name: str, value: float) -> None:
 def run(args: argparse.Namespace) -> int:
     for name in ("rate", "duration", "max_requests", "k", "concurrency"):
         _positive(name.replace("_", "-"), getattr(args, name))
+    if (args.shift_at is None) != (args.shift_to is None):
+        raise CascadeError("--shift-at and --shift-to go together (when, and to whom)")
+    if args.shift_at is not None and not 0 <= args.shift_at < args.duration:
+        raise CascadeError(
+            f"--shift-at must be >= 0 and below --duration ({args.duration:g}), got {args.shift_at}"
+        )
     if args.dataset == "movielens":
         from pipelines.data.movielens import load_movielens_100k
 
@@ -285,15 +332,22 @@ def run(args: argparse.Namespace) -> int:
         k=args.k,
         concurrency=args.concurrency,
         seed=args.seed,
+        shift_at_s=args.shift_at,
     )
     users = population(dataset, args.population)
+    shifted = None if args.shift_to is None else population(dataset, args.shift_to)
     print(
         f"simulate: {len(users)} users ({args.population}) -> {args.url}, "
-        f"{args.rate:g}/s for {args.duration:g} s",
+        f"{args.rate:g}/s for {args.duration:g} s"
+        + (
+            ""
+            if shifted is None
+            else f", then {len(shifted)} ({args.shift_to}) after {args.shift_at:g} s"
+        ),
         flush=True,
     )
     report = asyncio.run(
-        simulate(plan, users, Preferences(dataset), lambda line: print(line, flush=True))
+        simulate(plan, users, Preferences(dataset), lambda line: print(line, flush=True), shifted)
     )
     print(report.table())
     print(report_json(report))

@@ -13,12 +13,14 @@ import torch
 
 from pipelines.config import TrainConfig
 from pipelines.errors import ArtifactError
+from pipelines.export.drift_reference import REFERENCE_FILE, replay_reference, write_reference
 from pipelines.export.item_index import build_index, index_kind, save_index
 from pipelines.export.onnx_models import export_dlrm_dense, export_query_tower
 from pipelines.export.repository import VersionWriter
 from pipelines.features.spec import SPARSE_COLUMNS
 from pipelines.features.workflow import Workflow
-from pipelines.models.gbm import TREE_CATEGORICAL
+from pipelines.models.gbm import TREE_CATEGORICAL, TreeRanker, tree_features
+from pipelines.models.two_tower import QueryTower
 from pipelines.prepare import RetrievalData
 from pipelines.training.ranking import build_dlrm, ranking_inputs
 from pipelines.training.retrieval import build_two_tower
@@ -83,6 +85,58 @@ def _write_ranker(model_dir: Path, workdir: Path, workflow: Workflow, config: Tr
     return difference
 
 
+def _write_drift_reference(
+    release: Path,
+    workdir: Path,
+    workflow: Workflow,
+    config: TrainConfig,
+    query: QueryTower,
+    index: Any,
+    item_ids: np.ndarray,
+) -> None:
+    """``drift_reference.json``: the monitored quantities' bins from a replay of serving-like
+    requests through this version's trained models (see ``drift_reference``)."""
+    valid = ranking_inputs(workdir / "ranking_valid.parquet")
+    dlrm = build_dlrm(workflow, valid["dense"].shape[1], config)
+    dlrm.load_state_dict(torch.load(workdir / "models" / "dlrm.pt", weights_only=True))
+    dlrm.eval()
+    query.eval()
+    tree = TreeRanker.load(workdir / "models" / "gbm.txt")
+    weight = float(json.loads((workdir / "ranking_result.json").read_text())["blend_weight"])
+
+    @torch.no_grad()
+    def encode(features: np.ndarray, history: np.ndarray) -> np.ndarray:
+        return query(torch.from_numpy(features), torch.from_numpy(history)).numpy()
+
+    @torch.no_grad()
+    def rank(sparse: np.ndarray, dense: np.ndarray) -> np.ndarray:
+        step = 65_536
+        logits = [
+            dlrm(torch.from_numpy(sparse[i : i + step]), torch.from_numpy(dense[i : i + step]))
+            .float()
+            .numpy()
+            .reshape(-1)
+            for i in range(0, len(sparse), step)
+        ]
+        tree_logits = tree.logits(tree_features({"sparse": sparse, "dense": dense})[0])
+        return weight * np.concatenate([*logits, np.zeros(0, np.float32)]) + (
+            1 - weight
+        ) * np.asarray(tree_logits).reshape(-1)
+
+    references, method = replay_reference(
+        workdir / "online",
+        workflow,
+        item_ids,
+        encode,
+        index.search,
+        rank,
+        config.history_length,
+        int(time.time()),
+        seed=config.seed,
+    )
+    write_reference(release / REFERENCE_FILE, references, method)
+
+
 def run_export(workdir: Path, root: Path, config: TrainConfig, info: dict[str, Any]) -> Path:
     """Write a new version under ``root``; return its manifest path. Never overwrites."""
     workflow = Workflow.load(workdir / "workflow")
@@ -125,6 +179,9 @@ def run_export(workdir: Path, root: Path, config: TrainConfig, info: dict[str, A
         )
         shutil.copytree(workdir / "workflow", release / "workflow")
         shutil.copytree(workdir / "online", release / "online")
+        _write_drift_reference(
+            release, workdir, workflow, config, two_tower.query, index, data.item_ids
+        )
         return writer.finish(
             {
                 **info,

@@ -7,6 +7,8 @@ retrieval order.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from pipelines.features.ops import Columns
@@ -14,8 +16,13 @@ from pipelines.features.rows import USER_ATTRIBUTES
 from pipelines.features.spec import DENSE, GENRES, SPARSE_COLUMNS
 from services.context import RequestContext
 from services.errors import DependencyUnavailable
+from services.inference.backends import InferenceBackend
 from services.release import Release
+from services.resilience import CircuitBreaker
 from services.stages.retrieval import ModelStage
+
+# Sees each scored request: (ctx, sparse, dense, probabilities); drift counting, never raises.
+ScoredObserver = Callable[[RequestContext, np.ndarray, np.ndarray, np.ndarray], None]
 
 
 def ranking_inputs(release: Release, ctx: RequestContext) -> tuple[np.ndarray, np.ndarray]:
@@ -45,6 +52,17 @@ def ranking_inputs(release: Release, ctx: RequestContext) -> tuple[np.ndarray, n
 class ScoringStage(ModelStage):
     name = "scoring"
 
+    def __init__(
+        self,
+        releases: dict[int, Release],
+        backend: InferenceBackend,
+        breaker: CircuitBreaker,
+        timeout_s: float,
+        observe: ScoredObserver | None = None,
+    ) -> None:
+        super().__init__(releases, backend, breaker, timeout_s)
+        self.observe = observe
+
     async def __call__(self, ctx: RequestContext) -> RequestContext:
         ctx.scores = ctx.retrieval_scores
         if len(ctx.candidates) == 0:
@@ -62,6 +80,8 @@ class ScoringStage(ModelStage):
             ctx.degrade(self.name, "bad_scores")
             return ctx
         ctx.scores = (1.0 / (1.0 + np.exp(-logits))).astype(np.float32)
+        if self.observe is not None:
+            self.observe(ctx, sparse, dense, ctx.scores)
         if embeddings_degraded:
             ctx.degrade(self.name, "embeddings_unavailable")
         return ctx
