@@ -49,11 +49,11 @@ For the guardrail rates the mixing sd is the allowed increase itself.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Literal
 
 from pipelines.errors import ConfigError
+from services.control.sequential import mixture_test, smoothed, srm_test
 
 Outcome = Literal["pass", "fail", "hold", "halt"]
 Reason = Literal[
@@ -61,7 +61,7 @@ Reason = Literal[
 ]
 Value = float | int | None
 
-PSEUDO_COUNT = 0.5  # per arm, in the variance only (see the module docstring)
+SLOW_SHARE_TAU = 0.01  # mixing sd of the slow-request share test: production's share is 1 %
 SRM_MIN_EXPECTED = 5.0  # expected requests per arm before the chi-square test judges
 
 
@@ -81,6 +81,9 @@ class ArmStats:
     as independent trials)."""
     hit_rate_variance: float | None = None
     """Likewise for the hit rate (hits / requests)."""
+    latency_buckets: tuple[int, ...] | None = None
+    """Request counts per latency bucket (shared bounds for both arms): the latency guardrail
+    tests the canary's share of requests slower than production's p99 with them."""
 
     def __post_init__(self) -> None:
         counts = (self.requests, self.errors, self.degraded, self.impressions, self.clicks)
@@ -164,80 +167,6 @@ class SequentialState:
     looks: int = 0
 
 
-def srm_test(
-    control_requests: int, canary_requests: int, canary_weight: float
-) -> tuple[float, float]:
-    """Pearson chi-square (1 df) of the observed split against ``canary_weight``: (chi2, p)."""
-    if not 0.0 < canary_weight < 1.0:
-        raise ConfigError(f"canary_weight must lie in (0, 1), got {canary_weight}")
-    total = control_requests + canary_requests
-    if total <= 0:
-        return 0.0, 1.0
-    expected_canary = total * canary_weight
-    expected_control = total - expected_canary
-    chi2 = (canary_requests - expected_canary) ** 2 / expected_canary + (
-        control_requests - expected_control
-    ) ** 2 / expected_control
-    return chi2, math.erfc(math.sqrt(chi2 / 2.0))
-
-
-def mixture_test(
-    x_control: int,
-    n_control: int,
-    x_canary: int,
-    n_canary: int,
-    tau: float,
-    alpha: float,
-    variances: tuple[float | None, float | None] = (None, None),
-) -> dict[str, Value]:
-    """Normal-mixture SPRT of one look for the difference of two proportions (canary - control).
-
-    ``variances``: per arm, a variance of the rate estimate measured between clusters of
-    users; each arm uses the larger of it and the binomial one (clustered data are rarely
-    less variable than independent trials, and a small number of clusters can understate it).
-
-    Returns the rates, difference, variance, tau, log and plain mixture likelihood ratio, this
-    look's always-valid p and the confidence sequence; rates and bounds are None for an empty arm.
-    """
-    out: dict[str, Value] = {
-        "n_control": n_control,
-        "n_canary": n_canary,
-        "rate_control": None,
-        "rate_canary": None,
-        "difference": None,
-        "variance": None,
-        "tau": tau,
-        "log_likelihood_ratio": 0.0,
-        "likelihood_ratio": 1.0,
-        "p_value": 1.0,
-        "cs_lower": None,
-        "cs_upper": None,
-    }
-    if n_control <= 0 or n_canary <= 0:
-        return out
-    x1, x2 = min(x_control, n_control), min(x_canary, n_canary)
-    q1 = (x1 + PSEUDO_COUNT) / (n_control + 2 * PSEUDO_COUNT)
-    q2 = (x2 + PSEUDO_COUNT) / (n_canary + 2 * PSEUDO_COUNT)
-    v1, v2 = variances
-    s2 = max(q1 * (1.0 - q1) / n_control, v1 or 0.0) + max(q2 * (1.0 - q2) / n_canary, v2 or 0.0)
-    t2 = tau * tau
-    theta = x2 / n_canary - x1 / n_control
-    log_lr = 0.5 * math.log(s2 / (s2 + t2)) + t2 * theta * theta / (2.0 * s2 * (s2 + t2))
-    half = math.sqrt(s2 * (s2 + t2) / t2 * (math.log((s2 + t2) / s2) + 2.0 * math.log(1.0 / alpha)))
-    out.update(
-        rate_control=x1 / n_control,
-        rate_canary=x2 / n_canary,
-        difference=theta,
-        variance=s2,
-        log_likelihood_ratio=log_lr,
-        likelihood_ratio=math.exp(min(log_lr, 700.0)),  # stays a finite JSON number
-        p_value=min(1.0, math.exp(-log_lr)),
-        cs_lower=theta - half,
-        cs_upper=theta + half,
-    )
-    return out
-
-
 def always_valid_ctr(
     control: ArmStats, canary: ArmStats, tau: float, alpha: float
 ) -> dict[str, Value]:
@@ -260,12 +189,14 @@ def analyse(
     config: AnalysisConfig,
     state: SequentialState,
     srm_requests: tuple[int, int] | None = None,
+    srm_variance: float | None = None,
 ) -> tuple[Decision, SequentialState]:
     """Judge one look: SRM halts, a guardrail breach fails, then CTR passes, fails or holds.
 
     ``control`` is the production arm; ``state`` is what the previous look returned.
     ``srm_requests`` (control, canary) are the requests the sample-ratio test judges when
-    they differ from the arms' (only those served while ``canary_weight`` was in force).
+    they differ from the arms' (only those served while ``canary_weight`` was in force),
+    ``srm_variance`` the clustered variance of their canary count (see ``srm_test``).
     """
     values: dict[str, Value] = {"canary_weight": canary_weight, "look": state.looks + 1}
     for arm, stats in (("control", control), ("canary", canary)):
@@ -274,7 +205,7 @@ def analyse(
         values[f"p99_ms_{arm}"] = stats.p99_ms
 
     control_n, canary_n = srm_requests or (control.requests, canary.requests)
-    srm = _srm_check(control_n, canary_n, canary_weight, config, values)
+    srm = _srm_check(control_n, canary_n, canary_weight, config, values, srm_variance)
     guardrails = _guardrail_checks(control, canary, config, values)
     kpi, state = _kpi_check(control, canary, config, state, values)
     checks = [srm, *guardrails, kpi]
@@ -301,8 +232,9 @@ def _srm_check(
     canary_weight: float,
     config: AnalysisConfig,
     values: dict[str, Value],
+    variance: float | None = None,
 ) -> Check:
-    chi2, p = srm_test(control_requests, canary_requests, canary_weight)
+    chi2, p = srm_test(control_requests, canary_requests, canary_weight, variance)
     total = control_requests + canary_requests
     values.update(srm_chi2=chi2, srm_p=p, srm_expected_canary=total * canary_weight)
     split = f"canary {canary_requests} of {total} requests, configured weight {canary_weight:g}"
@@ -339,15 +271,47 @@ def _guardrail_checks(
     elif ratio is None:
         latency = Check("latency", None, config.max_p99_ratio, None, "no p99 reported for an arm")
     else:
-        increase = canary.p99_ms - control.p99_ms  # type: ignore[operator]
-        breached = ratio > config.max_p99_ratio and increase > config.max_p99_increase_ms
-        detail = (
-            f"p99 {canary.p99_ms:g} ms vs {control.p99_ms:g} ms: ratio {ratio:.3g}, "
-            f"+{increase:.3g} ms (breach above x{config.max_p99_ratio:g} and "
-            f"+{config.max_p99_increase_ms:g} ms)"
-        )
-        latency = Check("latency", ratio, config.max_p99_ratio, not breached, detail)
+        latency = _latency_check(control, canary, ratio, config, values)
     return [*checks, latency]
+
+
+def _latency_check(
+    control: ArmStats, canary: ArmStats, ratio: float, config: AnalysisConfig, values: dict
+) -> Check:
+    """p99 breach: canary / production above ``max_p99_ratio``, ``max_p99_increase_ms`` more,
+    and (with histograms) the canary's share of requests slower than production's p99 shown
+    to be higher by the always-valid test: a p99 of a few hundred requests moves a lot on a
+    busy machine, but load that slows both arms does not raise one arm's share."""
+    increase = canary.p99_ms - control.p99_ms  # type: ignore[operator]
+    breached = ratio > config.max_p99_ratio and increase > config.max_p99_increase_ms
+    detail = (
+        f"p99 {canary.p99_ms:g} ms vs {control.p99_ms:g} ms: ratio {ratio:.3g}, "
+        f"+{increase:.3g} ms (breach above x{config.max_p99_ratio:g} and "
+        f"+{config.max_p99_increase_ms:g} ms"
+    )
+    if control.latency_buckets is not None and canary.latency_buckets is not None:
+        above = _p99_bucket(control.latency_buckets) + 1
+        slow = (sum(control.latency_buckets[above:]), sum(canary.latency_buckets[above:]))
+        test = mixture_test(
+            slow[0], control.requests, slow[1], canary.requests, SLOW_SHARE_TAU, config.alpha
+        )
+        lower = test["cs_lower"]
+        values.update(latency_slow_share_control=test["rate_control"],
+                      latency_slow_share_canary=test["rate_canary"],
+                      latency_slow_share_cs_lower=lower)  # fmt: skip
+        breached = breached and lower is not None and float(lower) > 0.0
+        detail += f", and a higher share slower than production's p99: lower bound {lower:.3g}"
+    return Check("latency", ratio, config.max_p99_ratio, not breached, detail + ")")
+
+
+def _p99_bucket(buckets: tuple[int, ...]) -> int:
+    """Index of the bucket holding the 99th percentile (the first bucket when empty)."""
+    total, running = sum(buckets), 0
+    for index, count in enumerate(buckets):
+        running += count
+        if running >= 0.99 * total:
+            return index
+    return len(buckets) - 1
 
 
 def _rate_check(
@@ -381,9 +345,9 @@ def _kpi_check(
     state: SequentialState,
     values: dict[str, Value],
 ) -> tuple[Check, SequentialState]:
-    ctr_tau = config.mixture_tau * _smoothed(control.clicks, control.impressions)
+    ctr_tau = config.mixture_tau * smoothed(control.clicks, control.impressions)
     ctr = always_valid_ctr(control, canary, ctr_tau, config.alpha)
-    hit_tau = config.mixture_tau * _smoothed(control.hits, control.requests)
+    hit_tau = config.mixture_tau * smoothed(control.hits, control.requests)
     hit = mixture_test(
         control.hits,
         control.requests,
@@ -418,11 +382,6 @@ def _kpi_check(
     )
     passed = False if upper < 0.0 else (True if lower > margin else None)
     return Check("ctr", lower, margin, passed, detail), state
-
-
-def _smoothed(successes: int, trials: int) -> float:
-    """The rate with the half pseudo-count, positive even with no successes or trials."""
-    return (min(successes, trials) + PSEUDO_COUNT) / (max(trials, 0) + 2 * PSEUDO_COUNT)
 
 
 def _float(value: Value) -> float:

@@ -213,7 +213,7 @@ class RolloutController:
             self.log.save(record)
             log.info("rollout %s: waiting for %s to apply the desired state", record.id, behind)
             return record
-        control_n, canary_n, weight = record.split_test_counts()
+        control_n, canary_n, weight, srm_variance = record.split_test_counts()
         decision, state = analyse(
             record.arm("control").stats(),
             record.arm("canary").stats(),
@@ -221,6 +221,7 @@ class RolloutController:
             self.plan.analysis,
             SequentialState(**record.sequential),
             srm_requests=(control_n, canary_n),
+            srm_variance=srm_variance,
         )
         record.sequential = dataclasses.asdict(state)
         record.looks += 1
@@ -263,10 +264,7 @@ class RolloutController:
                 latencies[version].append(_float(fields.get("latency_ms")))
                 segment = record.segment_at(_int(stream_id.partition("-")[0]))
                 if segment is not None:
-                    if version == record.version:
-                        segment.canary += 1
-                    else:
-                        segment.control += 1
+                    segment.add(fields.get("user_id", ""), canary=version == record.version)
             for version, values in latencies.items():
                 arms[version].add_latencies(np.asarray(values, np.float64))
             if len(entries) < READ_BATCH:

@@ -114,6 +114,7 @@ class ArmCounts(BaseModel):
             p99_ms=self.p99_ms(),
             ctr_variance=cluster_ratio_variance(self.clusters[2], self.clusters[1]),
             hit_rate_variance=cluster_ratio_variance(self.clusters[3], self.clusters[0]),
+            latency_buckets=tuple(self.latency_buckets),
         )
 
 
@@ -125,6 +126,18 @@ class Segment(BaseModel):
     weight: float | None = None
     control: int = 0
     canary: int = 0
+    # requests per user cluster: [control, canary] (for the split test's clustered variance)
+    clusters: list[list[int]] = Field(
+        default_factory=lambda: [[0] * USER_CLUSTERS for _ in range(2)]
+    )
+
+    def add(self, user_id: str, canary: bool) -> None:
+        cluster = user_cluster(user_id)
+        if canary:
+            self.canary += 1
+        else:
+            self.control += 1
+        self.clusters[int(canary)][cluster] += 1
 
 
 class RolloutRecord(BaseModel):
@@ -164,16 +177,24 @@ class RolloutRecord(BaseModel):
                 return segment
         return None
 
-    def split_test_counts(self) -> tuple[int, int, float]:
-        """(control, canary) requests served under a known weight, and the canary share
-        expected of them (each segment's weight times its traffic): what the sample-ratio
-        test compares."""
+    def split_test_counts(self) -> tuple[int, int, float, float | None]:
+        """(control, canary) requests served under a known weight, the canary share expected
+        of them (each segment's weight times its traffic), and the variance of
+        ``canary - expected`` measured between user clusters (None: too few clusters): what
+        the sample-ratio test compares. Users, not requests, are assigned to arms, so a few
+        heavy users move the request split more than independent requests would."""
         judged = [s for s in self.segments if s.weight is not None]
         control = sum(s.control for s in judged)
         canary = sum(s.canary for s in judged)
         total = control + canary
         expected = sum((s.weight or 0.0) * (s.control + s.canary) for s in judged)
-        return control, canary, (expected / total if total else self.weight)
+        residual = np.zeros(USER_CLUSTERS)
+        for s in judged:
+            control_k, canary_k = (np.asarray(c, np.float64) for c in s.clusters)
+            residual += canary_k - (s.weight or 0.0) * (control_k + canary_k)
+        used = int(np.count_nonzero(residual)) if judged else 0
+        variance = float(residual @ residual) if used >= 2 else None
+        return control, canary, (expected / total if total else self.weight), variance
 
 
 class RolloutLog(ABC):

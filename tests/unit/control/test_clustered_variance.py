@@ -1,4 +1,5 @@
-"""The KPI variance between user clusters: the formula, and an A/A test on users who differ.
+"""Variances between user clusters (the KPI, the split test) and the latency guardrail's tail
+test: the formulas, and A/A simulations on users who differ.
 
 Real users differ in how much they click and come back many times, so impressions are not
 independent trials: the binomial variance understates the noise of a CTR and an A/A rollout
@@ -10,10 +11,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from services.control.analysis import AnalysisConfig, ArmStats, SequentialState, analyse
+from services.control.analysis import (
+    AnalysisConfig,
+    ArmStats,
+    SequentialState,
+    analyse,
+    srm_test,
+)
 from services.control.rollout_state import (
     USER_CLUSTERS,
     ArmCounts,
+    RolloutRecord,
+    Segment,
     cluster_ratio_variance,
     user_cluster,
 )
@@ -123,3 +132,74 @@ def test_a_a_on_users_who_differ_fails_too_often_with_independent_impressions():
 def test_a_canary_thirty_percent_worse_still_fails_with_the_clustered_variance():
     rate = _fail_rate(clustered=True, reps=60, seed=4, canary_lift=0.7)
     assert rate >= 0.8, f"power against a 30 % drop {rate:.3f}"
+
+
+def _split_fail_rate(clustered: bool, reps: int = 300, seed: int = 6) -> float:
+    """Users (not requests) are assigned 20 % to the canary; activity differs a lot between
+    users. The share of rollouts whose split test ever halts over 10 looks."""
+    rng = np.random.default_rng(seed)
+    users, looks = 2_000, 10
+    halted = 0
+    for _ in range(reps):
+        activity = rng.gamma(0.3, 3.0, size=users)
+        on_canary = rng.random(users) < 0.2
+        segment = Segment(start_ms=0, weight=0.2)
+        record = RolloutRecord(id="x", version=2, production=1, weights=[0.2], segments=[segment])
+        clusters = np.arange(users) % USER_CLUSTERS
+        for _ in range(looks):
+            requests = rng.poisson(activity)
+            segment.control += int(requests[~on_canary].sum())
+            segment.canary += int(requests[on_canary].sum())
+            for arm, mask in ((0, ~on_canary), (1, on_canary)):
+                counts = np.bincount(clusters[mask], requests[mask], USER_CLUSTERS)
+                segment.clusters[arm] = (
+                    (np.asarray(segment.clusters[arm]) + counts).astype(int).tolist()
+                )
+            control, canary, weight, variance = record.split_test_counts()
+            _, p = srm_test(control, canary, weight, variance if clustered else None)
+            if p < CONFIG.srm_alpha:
+                halted += 1
+                break
+    return halted / reps
+
+
+def test_the_split_test_on_users_who_differ_holds_its_level_with_the_clustered_variance():
+    assert _split_fail_rate(clustered=True) <= 0.01
+
+
+def test_the_split_test_on_requests_alone_halts_healthy_rollouts_when_users_differ():
+    assert _split_fail_rate(clustered=False) > 0.05
+
+
+def test_a_canary_that_gets_no_users_still_halts_with_the_clustered_variance():
+    segment = Segment(start_ms=0, weight=0.2)
+    record = RolloutRecord(id="x", version=2, production=1, weights=[0.2], segments=[segment])
+    for user in range(500):
+        for _ in range(3):
+            segment.add(str(user), canary=False)
+    control, canary, weight, variance = record.split_test_counts()
+    assert canary == 0 and srm_test(control, canary, weight, variance)[1] < 1e-6
+
+
+def _latency_arm(slow_share: float, requests: int = 4_000, seed: int = 0) -> ArmStats:
+    rng = np.random.default_rng(seed)
+    latencies = np.where(rng.random(requests) < slow_share, rng.uniform(200, 400, requests),
+                         rng.gamma(4.0, 2.0, requests))  # fmt: skip
+    arm = ArmCounts(requests=requests, impressions=requests * 10)
+    arm.add_latencies(latencies)
+    return arm.stats()
+
+
+def test_latency_noise_of_a_loaded_machine_does_not_roll_back():
+    # both arms get the same 2 % of very slow requests: the p99s differ by chance only
+    control, canary = _latency_arm(0.02, seed=1), _latency_arm(0.02, seed=2)
+    decision, _ = analyse(control, canary, 0.5, CONFIG, SequentialState())
+    latency = next(c for c in decision.checks if c.name == "latency")
+    assert latency.passed is True, latency.detail
+
+
+def test_a_canary_with_a_slower_tail_fails_the_latency_guardrail():
+    control, canary = _latency_arm(0.0, seed=3), _latency_arm(0.05, seed=4)
+    decision, _ = analyse(control, canary, 0.5, CONFIG, SequentialState())
+    latency = next(c for c in decision.checks if c.name == "latency")
+    assert latency.passed is False and decision.reason == "latency", latency.detail
