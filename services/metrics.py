@@ -98,3 +98,11 @@ VERSION_LOAD_FAILURES = Counter(
     "Desired model versions this gateway could not load, by role (production, canary).",
     ["role"],
 )
+RETRAIN_REQUESTS = Counter(
+    "cascade_retrain_requests_total",
+    "Alertmanager notifications at POST /v1/admin/alerts, by decision (enqueued, duplicate, "
+    "cooldown, resolved, not_retrain).",
+    ["decision"],
+)
+for _decision in ("enqueued", "duplicate", "cooldown", "resolved", "not_retrain"):
+    RETRAIN_REQUESTS.labels(decision=_decision)  # every decision exported from the start
