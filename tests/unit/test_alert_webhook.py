@@ -289,3 +289,11 @@ async def test_an_unreachable_queue_is_503_so_alertmanager_retries(tmp_path: Pat
         assert response.status_code == 503
         assert "retrain queue" in response.json()["detail"]
     assert decisions() == before
+
+
+async def test_openapi_documents_every_status_the_webhook_gives(
+    client: httpx.AsyncClient,
+) -> None:
+    operation = (await client.get("/openapi.json")).json()["paths"]["/v1/admin/alerts"]["post"]
+    assert {"200", "400", "401", "404", "413", "422", "503"} <= set(operation["responses"])
+    assert operation["security"] == [{"HTTPBearer": []}]

@@ -23,7 +23,12 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from services.api.schemas import AlertDecision, AlertmanagerPayload, ErrorResponse
+from services.api.schemas import (
+    ERROR_RESPONSES,
+    AlertDecision,
+    AlertmanagerPayload,
+    ErrorResponse,
+)
 from services.metrics import RETRAIN_REQUESTS
 from services.retrain_queue import RetrainQueue
 from services.settings import AdminSettings, Settings
@@ -119,9 +124,14 @@ def retrain_request(
     "/v1/admin/alerts",
     response_model=AlertDecision,
     responses={
+        **ERROR_RESPONSES,
         401: {"model": ErrorResponse, "description": "No or a wrong bearer token."},
         404: {"model": ErrorResponse, "description": "No admin token is configured."},
-        503: {"model": ErrorResponse, "description": "The retrain queue is unreachable."},
+        503: {
+            "model": ErrorResponse,
+            "description": "The retrain queue or the token file cannot be read (Alertmanager "
+            "retries).",
+        },
     },
     summary="Alertmanager webhook: retraining alerts enqueue one retrain",
 )
