@@ -201,6 +201,11 @@ class RetrainTriggerSettings(BaseModel):
         description="A claimed request whose worker stopped renewing for this long (it died) "
         "is handed to the next worker.",
     )
+    queue_file: Path | None = Field(
+        None,
+        description="Embedded stack only (no Redis): the queue's file; unset = "
+        "<artifacts>/retrain/queue.json, beside the retrain job's state.",
+    )
 
 
 class Settings(BaseSettings):

@@ -119,6 +119,16 @@ ERROR_RESPONSES: dict[int | str, dict] = {
 LabelSet = dict[Annotated[str, Field(max_length=256)], Annotated[str, Field(max_length=4096)]]
 
 
+def _time_text(value: object) -> object:
+    """Times are RFC 3339 strings, as Alertmanager sends them (not numbers)."""
+    if not isinstance(value, str):
+        raise ValueError("must be an RFC 3339 time string")
+    return value
+
+
+Time = Annotated[datetime, BeforeValidator(_time_text)]
+
+
 class _Webhook(BaseModel):
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
@@ -127,8 +137,8 @@ class Alert(_Webhook):
     status: Literal["firing", "resolved"]
     labels: LabelSet = Field(max_length=256)
     annotations: LabelSet = Field(default_factory=dict, max_length=256)
-    starts_at: datetime = Field(alias="startsAt")
-    ends_at: datetime | None = Field(None, alias="endsAt")
+    starts_at: Time = Field(alias="startsAt")
+    ends_at: Time | None = Field(None, alias="endsAt")
     generator_url: str = Field("", alias="generatorURL", max_length=4096)
     fingerprint: str = Field("", max_length=64)
 
@@ -136,7 +146,7 @@ class Alert(_Webhook):
 class AlertmanagerPayload(_Webhook):
     version: Literal["4"]
     group_key: str = Field(alias="groupKey", min_length=1, max_length=4096)
-    truncated_alerts: int = Field(0, alias="truncatedAlerts", ge=0)
+    truncated_alerts: Annotated[int, Field(ge=0), _NUMBER] = Field(0, alias="truncatedAlerts")
     status: Literal["firing", "resolved"]
     receiver: str = Field(max_length=256)
     group_labels: LabelSet = Field(default_factory=dict, alias="groupLabels", max_length=256)

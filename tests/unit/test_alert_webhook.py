@@ -219,6 +219,8 @@ async def test_without_a_configured_token_the_endpoint_is_off(tmp_path: Path) ->
         response = await http.post("/v1/admin/alerts", json=payload(), headers=AUTH)
         assert response.status_code == 404
         assert "CASCADE_ADMIN__TOKEN" in response.json()["detail"]
+        anonymous = await http.post("/v1/admin/alerts", json=payload())
+        assert anonymous.status_code == 401  # no credentials: unauthenticated first
     assert queued(tmp_path) == []
 
 
@@ -255,8 +257,19 @@ def test_token_and_token_file_together_are_refused(tmp_path: Path) -> None:
         (lambda b: b.update(alerts=[]), "alerts"),
         (lambda b: b["alerts"][0].update(startsAt="yesterday"), "startsAt"),
         (lambda b: b["alerts"][0]["labels"].update(model_version=3), "model_version"),
+        (lambda b: b["alerts"][0].update(endsAt=0), "endsAt"),
+        (lambda b: b.update(truncatedAlerts="1"), "truncatedAlerts"),
     ],
-    ids=["no-group-key", "version", "status", "no-alerts", "starts-at", "label-not-text"],
+    ids=[
+        "no-group-key",
+        "version",
+        "status",
+        "no-alerts",
+        "starts-at",
+        "label-not-text",
+        "ends-at-number",
+        "count-as-text",
+    ],
 )
 async def test_a_malformed_payload_is_422_naming_the_field(
     client: httpx.AsyncClient, tmp_path: Path, change: Any, field: str

@@ -206,6 +206,10 @@ def test_the_settings_choose_the_backend(tmp_path: Path) -> None:
     embedded = make_retrain_queue(Settings(artifacts=tmp_path))
     assert isinstance(embedded, FileRetrainQueue)
     assert embedded.path == tmp_path / "retrain" / "queue.json"
+    elsewhere = make_retrain_queue(
+        Settings(artifacts=tmp_path, retrain_trigger={"queue_file": tmp_path / "q.json"})
+    )
+    assert isinstance(elsewhere, FileRetrainQueue) and elsewhere.path == tmp_path / "q.json"
     shared = make_retrain_queue(
         Settings(artifacts=tmp_path, redis={"url": "redis://127.0.0.1:1/0", "namespace": "ns"})
     )
