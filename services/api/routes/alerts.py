@@ -8,7 +8,8 @@ notifications (``resolved``) and alerts without the label (``not_retrain``) are 
 and change nothing. Every decision is counted in ``cascade_retrain_requests_total``.
 
 The endpoint needs ``Authorization: Bearer <CASCADE_ADMIN__TOKEN>`` (compared in constant
-time); with no token configured it does not exist (404).
+time; none or a wrong one: 401); with no token configured, a caller that sends one learns
+that the endpoint is off (404).
 """
 
 from __future__ import annotations
@@ -69,6 +70,13 @@ def require_admin(
 ) -> AlertWebhook:
     """The webhook's state, once the caller proved it holds the admin token."""
     webhook: AlertWebhook = request.app.state.alert_webhook
+    refused = HTTPException(
+        401,
+        "a valid admin bearer token is required (Authorization: Bearer <token>)",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
+    if credentials is None:  # unauthenticated, whatever the configuration
+        raise refused
     expected = admin_token(webhook.settings.admin)
     if expected is None:
         raise HTTPException(
@@ -76,13 +84,8 @@ def require_admin(
             "the admin endpoints are off: no admin token is configured "
             "(set CASCADE_ADMIN__TOKEN or CASCADE_ADMIN__TOKEN_FILE)",
         )
-    given = credentials.credentials if credentials is not None else ""
-    if not hmac.compare_digest(given.encode(), expected.encode()):
-        raise HTTPException(
-            401,
-            "a valid admin bearer token is required (Authorization: Bearer <token>)",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
+    if not hmac.compare_digest(credentials.credentials.encode(), expected.encode()):
+        raise refused
     return webhook
 
 
