@@ -54,6 +54,7 @@ def test_the_retraining_alerts_are_the_drift_and_kpi_ones() -> None:
         "CascadeScoreDistributionDrift",
         "CascadeDriftedFeatureShare",
         "CascadeCtrDrop",
+        "CascadeHitRateDrop",
     }
 
 
