@@ -224,12 +224,17 @@ class FileRetrainQueue(RetrainQueue):
     @contextlib.contextmanager
     def _state(self) -> Iterator[dict[str, Any]]:
         """The file's content under the lock; written back (atomically) when changed."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.lock_path.open("a") as handle:
+        with self._file_errors():
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            handle = self.lock_path.open("a")
+        with handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
             try:
-                raw = self.path.read_text() if self.path.is_file() else ""
-                state = json.loads(raw) if raw else {}
+                with self._file_errors():
+                    raw = self.path.read_text() if self.path.is_file() else ""
+                    state = json.loads(raw) if raw else {}
+                    if not isinstance(state, dict):
+                        raise ValueError("not a JSON object")
                 state.setdefault("dedup", {})
                 state.setdefault("last_enqueued", None)
                 state.setdefault("requests", [])
@@ -237,9 +242,20 @@ class FileRetrainQueue(RetrainQueue):
                 before = json.dumps(state, sort_keys=True)
                 yield state
                 if json.dumps(state, sort_keys=True) != before:
-                    write_json(self.path, state)
+                    with self._file_errors():
+                        write_json(self.path, state)
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
+
+    @contextlib.contextmanager
+    def _file_errors(self) -> Iterator[None]:
+        """A file that cannot be read, written or parsed: the queue is unavailable (503 at
+        the webhook, so Alertmanager retries; exit 2 for the worker), naming the file."""
+        try:
+            yield
+        except (OSError, ValueError) as error:
+            reason = error.strerror if isinstance(error, OSError) else f"corrupt ({error})"
+            raise DependencyUnavailable(f"retrain queue ({self.path})", str(reason)) from None
 
     def offer(
         self, dedup_key: str, trigger: dict[str, Any], cooldown_s: float, dedup_ttl_s: int

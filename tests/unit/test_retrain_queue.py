@@ -214,3 +214,18 @@ def test_the_settings_choose_the_backend(tmp_path: Path) -> None:
         Settings(artifacts=tmp_path, redis={"url": "redis://127.0.0.1:1/0", "namespace": "ns"})
     )
     assert isinstance(shared, RedisRetrainQueue) and shared.stream == "ns:retrain:requests"
+
+
+def test_a_corrupt_or_unwritable_queue_file_is_a_dependency_error_naming_it(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "queue.json"
+    path.write_text("{not json")
+    queue = FileRetrainQueue(path)
+    with pytest.raises(DependencyUnavailable, match=r"queue\.json.*corrupt"):
+        queue.offer("a|0", {}, 0, DAY)
+    with pytest.raises(DependencyUnavailable, match="corrupt"):
+        queue.claim("worker-1", 600)
+    blocked = FileRetrainQueue(path / "below-a-file" / "queue.json")  # parent is a file
+    with pytest.raises(DependencyUnavailable, match="below-a-file"):
+        blocked.offer("a|0", {}, 0, DAY)
