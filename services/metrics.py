@@ -132,3 +132,11 @@ SERVED_POPULARITY = Gauge(
     "window, per model version.",
     ["model_version"],
 )
+RETRAIN_REQUESTS = Counter(
+    "cascade_retrain_requests_total",
+    "Alertmanager notifications at POST /v1/admin/alerts, by decision (enqueued, duplicate, "
+    "cooldown, resolved, not_retrain).",
+    ["decision"],
+)
+for _decision in ("enqueued", "duplicate", "cooldown", "resolved", "not_retrain"):
+    RETRAIN_REQUESTS.labels(decision=_decision)  # every decision exported from the start

@@ -183,6 +183,54 @@ class DriftSettings(BaseModel):
     )
 
 
+class AdminSettings(BaseModel):
+    """The admin endpoints (``POST /v1/admin/alerts``, the Alertmanager webhook): callers send
+    ``Authorization: Bearer <token>``. With no token configured they answer 503."""
+
+    token: SecretStr | None = Field(None, description="The bearer token of the admin endpoints.")
+    token_file: Path | None = Field(
+        None,
+        description="A file holding the token (a mounted secret; surrounding whitespace is "
+        "ignored; read on every call, so a rotated secret applies at once).",
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> AdminSettings:
+        if self.token is not None and self.token_file is not None:
+            raise ValueError("admin: set token or token_file, not both")
+        return self
+
+
+class RetrainTriggerSettings(BaseModel):
+    """How retraining alerts become retrain requests (the webhook and the queue's worker)."""
+
+    cooldown_s: float = Field(
+        21_600.0,
+        ge=0,
+        description="After a retrain was enqueued, further alerts enqueue nothing for this long.",
+    )
+    window_s: int = Field(
+        3_600,
+        ge=60,
+        description="Data window of the dedup key: re-sends of one alert group whose firing "
+        "started in the same window are one request.",
+    )
+    dedup_ttl_s: int = Field(
+        7 * 86_400, ge=60, description="How long a group key + window is remembered."
+    )
+    lease_s: float = Field(
+        600.0,
+        gt=0,
+        description="A claimed request whose worker stopped renewing for this long (it died) "
+        "is handed to the next worker.",
+    )
+    queue_file: Path | None = Field(
+        None,
+        description="Embedded stack only (no Redis): the queue's file; unset = "
+        "<artifacts>/retrain/queue.json, beside the retrain job's state.",
+    )
+
+
 class Settings(BaseSettings):
     """Everything the gateway reads at start-up, validated once."""
 
@@ -213,6 +261,8 @@ class Settings(BaseSettings):
     impressions: ImpressionSettings = ImpressionSettings()
     follow: FollowSettings = FollowSettings()
     drift: DriftSettings = DriftSettings()
+    admin: AdminSettings = AdminSettings()
+    retrain_trigger: RetrainTriggerSettings = RetrainTriggerSettings()
     streams_dir: Path | None = Field(
         None,
         description="Embedded default only (no Redis): append feedback and impressions as JSON "

@@ -90,10 +90,27 @@ def add_parser(commands: Any) -> None:
         default=900.0,
         help="seconds the lock outlives a dead job (refreshed while working; default 900)",
     )
+    parser.add_argument(
+        "--from-queue",
+        action="store_true",
+        help="take one request from the retrain queue (enqueued by the alert webhook, "
+        "POST /v1/admin/alerts) and retrain for it, recording its alerts in the journal and "
+        "the version's manifest (training_data.trigger); nothing queued: exit 0 at once. The "
+        "request stays leased while the job runs and is removed once it ran to a verdict; if "
+        "the job fails or dies, the next --from-queue run takes it again",
+    )
     _add_config_options(parser)
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "from_queue", False):
+        from pipelines.retrain.from_queue import run_from_queue
+
+        return run_from_queue(args, _run_once)
+    return _run_once(args)
+
+
+def _run_once(args: argparse.Namespace, trigger: dict[str, Any] | None = None) -> int:
     from pydantic import ValidationError
 
     from pipelines.config import TrainConfig
@@ -121,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
             sabotage=args.sabotage,
             gc_keep=args.gc_keep,
             lock_ttl_s=args.lock_ttl,
+            trigger=trigger,
         )
         registry = make_registry(settings)
         try:

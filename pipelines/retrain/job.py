@@ -71,6 +71,7 @@ class RetrainOptions:
     sabotage: str | None = None
     gc_keep: int | None = None
     lock_ttl_s: float = 900.0
+    trigger: dict[str, Any] | None = None  # why it runs (the alerts of a queued request)
 
 
 @dataclass
@@ -177,8 +178,11 @@ def run_retrain(
             "started": time.time(),
             "after_version": None,
             "version": None,
+            "trigger": options.trigger,
         }
         state_dir.write_journal(journal)
+        if options.trigger is not None:
+            progress(f"triggered by {json.dumps(options.trigger, sort_keys=True)}")
         skipped = ", ".join(f"{k} {v}" for k, v in sorted(snapshot.skipped.items())) or "none"
         progress(
             f"snapshot {run}: {len(snapshot.feedback)} feedback events, "
@@ -240,6 +244,7 @@ def run_retrain(
                         "cursor": snapshot.cursor,
                         "warm_start": False,
                         "sabotage": options.sabotage,
+                        "trigger": options.trigger,
                     },
                 },
             )

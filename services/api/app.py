@@ -11,9 +11,10 @@ from fastapi.responses import JSONResponse
 
 from pipelines.errors import CascadeError
 from services.api.limits import BodySizeLimit
-from services.api.routes import feedback, health, recommend
+from services.api.routes import alerts, feedback, health, recommend
 from services.errors import http_status
 from services.gateway import Gateway
+from services.retrain_queue import make_retrain_queue
 from services.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -27,6 +28,8 @@ def create_app(settings: Settings | None = None, gateway: Gateway | None = None)
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         chosen = gateway or Gateway(resolved)
         app.state.gateway = chosen
+        queue = make_retrain_queue(resolved)  # no I/O until the first alert
+        app.state.alert_webhook = alerts.AlertWebhook(resolved, queue)
         await chosen.start()
         monitor = chosen.store_monitor
         log.info(
@@ -38,6 +41,7 @@ def create_app(settings: Settings | None = None, gateway: Gateway | None = None)
         try:
             yield
         finally:
+            queue.close()
             await chosen.close()
 
     app = FastAPI(
@@ -46,7 +50,7 @@ def create_app(settings: Settings | None = None, gateway: Gateway | None = None)
         lifespan=lifespan,
         description="Multi-stage recommendation: retrieval, filtering, scoring, ordering.",
     )
-    for module in (recommend, feedback, health):
+    for module in (recommend, feedback, health, alerts):
         app.include_router(module.router)
 
     @app.exception_handler(CascadeError)

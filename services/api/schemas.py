@@ -7,6 +7,7 @@ int64 the stages compute with (``INT64_MAX``).
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
@@ -109,3 +110,55 @@ ERROR_RESPONSES: dict[int | str, dict] = {
     413: {"model": ErrorResponse, "description": "The body is larger than the configured limit."},
     503: {"model": ErrorResponse, "description": "No answer is possible right now."},
 }
+
+
+# -- the Alertmanager webhook (POST /v1/admin/alerts) -----------------------------------------
+# Alertmanager's webhook payload, version 4. Fields Alertmanager may add in later versions are
+# ignored (not refused), so an upgrade of Alertmanager never turns retraining alerts into 422s.
+
+LabelSet = dict[Annotated[str, Field(max_length=256)], Annotated[str, Field(max_length=4096)]]
+
+
+def _time_text(value: object) -> object:
+    """Times are RFC 3339 strings, as Alertmanager sends them (not numbers)."""
+    if not isinstance(value, str):
+        raise ValueError("must be an RFC 3339 time string")
+    return value
+
+
+Time = Annotated[datetime, BeforeValidator(_time_text)]
+
+
+class _Webhook(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+
+class Alert(_Webhook):
+    status: Literal["firing", "resolved"]
+    labels: LabelSet = Field(max_length=256)
+    annotations: LabelSet = Field(default_factory=dict, max_length=256)
+    starts_at: Time = Field(alias="startsAt")
+    ends_at: Time | None = Field(None, alias="endsAt")
+    generator_url: str = Field("", alias="generatorURL", max_length=4096)
+    fingerprint: str = Field("", max_length=64)
+
+
+class AlertmanagerPayload(_Webhook):
+    version: Literal["4"]
+    group_key: str = Field(alias="groupKey", min_length=1, max_length=4096)
+    truncated_alerts: Annotated[int, Field(ge=0), _NUMBER] = Field(0, alias="truncatedAlerts")
+    status: Literal["firing", "resolved"]
+    receiver: str = Field(max_length=256)
+    group_labels: LabelSet = Field(default_factory=dict, alias="groupLabels", max_length=256)
+    common_labels: LabelSet = Field(default_factory=dict, alias="commonLabels", max_length=256)
+    external_url: str = Field("", alias="externalURL", max_length=4096)
+    alerts: list[Alert] = Field(min_length=1, max_length=1000)
+
+
+class AlertDecision(BaseModel):
+    """What the webhook did with one notification."""
+
+    decision: Literal["enqueued", "duplicate", "cooldown", "resolved", "not_retrain"]
+    request_id: str | None = Field(
+        None, description="The retrain request enqueued now (or earlier, for a duplicate)."
+    )

@@ -25,12 +25,17 @@ from services.settings import Settings
 pytestmark = pytest.mark.integration
 
 EXAMPLES = 30  # per operation in the fuzzing phase
+ADMIN_TOKEN = "schemathesis-admin-token"  # sent to every operation; the admin ones need it
 
 
 @pytest.fixture(scope="module")
-def gateway_url(exported: Path) -> Iterator[str]:
+def gateway_url(exported: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
-    settings = Settings(artifacts=exported)
+    settings = Settings(
+        artifacts=exported,
+        admin={"token": ADMIN_TOKEN},  # the webhook is exercised too, its queue kept aside
+        retrain_trigger={"queue_file": tmp_path_factory.mktemp("queue") / "queue.json"},
+    )
     server = uvicorn.Server(server_config(create_app(settings), "127.0.0.1", port, settings))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -66,6 +71,8 @@ def test_every_operation_conforms_to_its_schema(gateway_url: str, tmp_path: Path
             "none",
             "--request-timeout",
             "30",
+            "--header",
+            f"Authorization: Bearer {ADMIN_TOKEN}",
             "--no-color",
         ],
         capture_output=True,

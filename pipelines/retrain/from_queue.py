@@ -1,0 +1,62 @@
+"""``cascade retrain --from-queue``: one queued retrain request, run by the usual job.
+
+The request (enqueued by the alert webhook) is claimed under a lease that a thread renews
+while the job runs. Exit 0 or 1 (a verdict was registered): the request is removed. Exit 2
+(an error, e.g. another retrain holds the lock): it stays queued and the next run takes it
+again once its lease has expired, so a failed or killed run never loses a request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+from collections.abc import Callable
+from typing import Any
+
+EXIT_ERROR = 2
+
+
+def run_from_queue(
+    args: argparse.Namespace, run_once: Callable[[argparse.Namespace, dict[str, Any]], int]
+) -> int:
+    """Claim one request and run ``run_once(args, trigger)`` for it (see the docstring)."""
+    from pydantic import ValidationError
+
+    from services.errors import DependencyUnavailable
+    from services.redact import redact_text
+    from services.retrain_queue import leased, make_retrain_queue
+    from services.settings import Settings
+
+    consumer = f"{socket.gethostname()}:{os.getpid()}"
+    try:
+        settings = Settings(**({"artifacts": args.artifacts} if args.artifacts else {}))
+        lease_s = settings.retrain_trigger.lease_s
+        queue = make_retrain_queue(settings)
+    except ValidationError as error:
+        print(f"cascade retrain: error: {redact_text(str(error))}", file=sys.stderr)
+        return EXIT_ERROR
+    try:
+        request = queue.claim(consumer, lease_s)
+        if request is None:
+            print(json.dumps({"queued": 0, "ran": None}), flush=True)
+            return 0
+        print(f"retrain request {request.id} (enqueued at {request.enqueued_at:.0f})", flush=True)
+        with leased(queue, request, consumer, lease_s):
+            code = run_once(args, {**request.trigger, "request_id": request.id})
+        if code == EXIT_ERROR:
+            print(
+                f"cascade retrain: request {request.id} stays queued; it is taken again after "
+                f"its lease ({lease_s:g} s)",
+                file=sys.stderr,
+            )
+            return code
+        queue.complete(request)
+        return code
+    except DependencyUnavailable as error:
+        print(f"cascade retrain: error: {redact_text(str(error))}", file=sys.stderr)
+        return EXIT_ERROR
+    finally:
+        queue.close()
