@@ -183,14 +183,23 @@ MODELS = Dashboard(
             "ratio itself.",
         ),
         Panel(
-            "Hit rate per model version (answers with a click, 30m)",
+            "Hit rate per model version (answers with a click, 30m) and its alert line",
             (
                 Query(
                     "max by (model_version) (model_version:cascade_hit_rate:ratio_rate30m)",
-                    "v{{model_version}}",
+                    "v{{model_version}} hit rate 30m",
+                ),
+                Query(
+                    "max by (model_version) "
+                    "(model_version:cascade_hit_rate:ratio_rate6h offset 30m)"
+                    " * on () group_left () cascade:threshold:hit_rate_vs_baseline_min_ratio",
+                    "v{{model_version}} alert line",
                 ),
             ),
             unit="percentunit",
+            thresholds=_threshold("hit_rate_vs_baseline_min_ratio", "CascadeHitRateDrop"),
+            description="As for CTR: the version's hit rate over the 6h before times the "
+            "allowed ratio.",
         ),
         Panel(
             "Canary weight per model version",
@@ -201,7 +210,8 @@ MODELS = Dashboard(
             "Catalog coverage (distinct items served / catalog)",
             (
                 Query(
-                    "max by (model_version) (cascade_catalog_coverage_ratio)", "v{{model_version}}"
+                    "max by (model_version) (model_version:cascade_catalog_coverage_ratio:avg)",
+                    "v{{model_version}}",
                 ),
             ),
             unit="percentunit",
@@ -210,7 +220,8 @@ MODELS = Dashboard(
             "Popularity of what is served (mean percentile)",
             (
                 Query(
-                    "max by (model_version) (cascade_served_popularity_mean)", "v{{model_version}}"
+                    "max by (model_version) (model_version:cascade_served_popularity_mean:avg)",
+                    "v{{model_version}}",
                 ),
             ),
             unit="percentunit",
