@@ -42,7 +42,8 @@ class Panel:
     unit: str = "short"  # Grafana unit id: short, percentunit, s, reqps, ...
     thresholds: tuple[Threshold, ...] = ()
     description: str = ""
-    needs: str = "gateway"  # what must be scraped for data: gateway, rollout, triton
+    needs: str = "gateway"  # what must be scraped for data: gateway, rollout (a controller's
+    # --metrics-port or a following gateway), triton (its metrics port: the ranker's cache too)
     threshold_unit: str | None = None  # thresholds in another unit: drawn on a second axis
 
 
@@ -108,7 +109,7 @@ SERVICE = Dashboard(
             (
                 Query(
                     "max by (stage, reason) "
-                    "(stage_reason:cascade_fallbacks_per_answer:ratio_rate5m)",
+                    "(stage_reason:cascade_fallbacks_per_answer:ratio_rate5m) or on () vector(0)",
                     "{{stage}} {{reason}}",
                 ),
             ),
@@ -118,7 +119,8 @@ SERVICE = Dashboard(
             "Calls refused by an open breaker (per second)",
             (
                 Query(
-                    "sum by (stage) (stage:cascade_circuit_open_fallbacks:rate1m)",
+                    "sum by (stage) (stage:cascade_circuit_open_fallbacks:rate1m)"
+                    " or on () vector(0)",
                     "{{stage}}",
                 ),
             ),
@@ -205,6 +207,7 @@ MODELS = Dashboard(
             "Canary weight per model version",
             (Query("max by (model_version) (cascade_canary_weight)", "v{{model_version}}"),),
             unit="percentunit",
+            needs="rollout",
         ),
         Panel(
             "Catalog coverage (distinct items served / catalog)",
@@ -291,6 +294,8 @@ DRIFT = Dashboard(
                 ),
             ),
             thresholds=_threshold("drift_js_distance", "CascadeScoreDistributionDrift"),
+            description="The alert judges the score quantities only (retrieval_score, "
+            "ranking_score): a few hundred per-request values put any quantity near 0.07.",
         ),
         Panel(
             "Share of features over the PSI threshold",
@@ -328,6 +333,7 @@ CACHE_AND_TRITON = Dashboard(
             (Query("max(job:cascade_embedding_cache_hits:ratio_rate5m)", "hit ratio"),),
             unit="percentunit",
             thresholds=_threshold("embedding_cache_hit_ratio", "CascadeEmbeddingCacheHitRatioLow"),
+            needs="triton",
         ),
         Panel(
             "Embedding cache lookups per tier and result",
@@ -338,6 +344,7 @@ CACHE_AND_TRITON = Dashboard(
                 ),
             ),
             unit="ops",
+            needs="triton",
         ),
         Panel(
             "Embedding cache lookup p99",
@@ -349,6 +356,7 @@ CACHE_AND_TRITON = Dashboard(
                 ),
             ),
             unit="s",
+            needs="triton",
         ),
         Panel(
             "Triton queue time per request",

@@ -215,17 +215,28 @@ def _shorten(rules: list[dict[str, Any]], for_: str) -> None:
             rule["for"] = for_
 
 
-def rules_for_tests(directory: Path, for_: str = "2s") -> list[Path]:
-    """The repository's rule files, copied to ``directory`` with every ``for:`` = ``for_``."""
+def rules_for_tests(
+    directory: Path, for_: str = "2s", thresholds: dict[str, float] | None = None
+) -> list[Path]:
+    """The repository's rule files, copied to ``directory`` with every ``for:`` = ``for_``
+    and the named ``cascade:threshold:<name>`` constants replaced (e.g. a smaller minimum
+    sample, so a test reaches it in seconds)."""
     directory.mkdir(parents=True, exist_ok=True)
     written = []
+    replaced = dict(thresholds or {})
     for source in RULE_FILES:
         content = yaml.safe_load(source.read_text())
         for group in content["groups"]:
             _shorten(group["rules"], for_)
+            for rule in group["rules"]:
+                name = rule.get("record", "").removeprefix("cascade:threshold:")
+                if rule.get("record", "").startswith("cascade:threshold:") and name in replaced:
+                    rule["expr"] = f"vector({replaced.pop(name)})"
         target = directory / source.name
         target.write_text(yaml.safe_dump(content, sort_keys=False))
         written.append(target)
+    if replaced:
+        raise ValueError(f"no threshold series named {sorted(replaced)}")
     return written
 
 

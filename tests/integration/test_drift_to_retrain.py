@@ -1,0 +1,147 @@
+"""The whole monitoring loop with the real parts (issue 11): a gateway (embedded stack) under
+simulated users, a real Prometheus scraping it with the repository's rules (``for:`` and the
+drift minimum sample shortened so it takes seconds), a real Alertmanager with the
+repository's routing posting to the gateway's webhook.
+
+1. Stationary traffic for as long as the shifted phase: no retraining alert, nothing queued.
+2. The simulator shifts the user population (only users aged 50 and over): PSI of the user
+   age rises, CascadeFeatureDrift fires, Alertmanager calls the webhook (and keeps re-sending),
+   and exactly one retrain request is queued; a worker claims exactly one.
+3. Every dashboard panel that the gateway feeds returns data from that Prometheus, and every
+   panel query (those that need Triton or a rollout controller too) is valid PromQL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+
+from pipelines.data.synthetic import make_synthetic
+from services.api.app import create_app
+from services.api.server import server_config
+from services.local_redis import free_port
+from services.monitoring.panels import all_panels
+from services.retrain_queue import FileRetrainQueue
+from services.settings import Settings
+from services.simulator import Preferences, SimulationPlan, population, simulate
+from tests.integration.monitoring_servers import (
+    Alertmanager,
+    Prometheus,
+    alertmanager_config_for_tests,
+    require_binary,
+    rules_for_tests,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+DATASET = (300, 400, 15_000)  # what the `exported` fixture trained on (seed 0)
+TOKEN = "loop-admin-token"
+PHASE_S = 25.0  # each phase's traffic; the drift window is 10 s
+MIN_SAMPLES = 150  # the drift alerts' minimum sample in this test (production: 1000)
+
+
+@pytest.fixture
+def gateway(exported: Path, tmp_path: Path) -> Iterator[tuple[str, Path, Path]]:
+    """The gateway on a copy of the export with a short drift window; its admin token in a
+    file. Yields its URL, the token file and its artifacts root."""
+    artifacts = tmp_path / "artifacts"
+    shutil.copytree(exported, artifacts, ignore=shutil.ignore_patterns("work", "retrain"))
+    token_file = tmp_path / "admin-token"
+    token_file.write_text(TOKEN)
+    token_file.chmod(0o600)
+    settings = Settings(
+        artifacts=artifacts,
+        admin={"token_file": token_file},
+        drift={"window_s": 10, "sub_windows": 5, "export_interval_s": 0.5},
+        triton={"timeout_ms": 5000},  # a busy test machine must not degrade (unscored) answers
+    )
+    port = free_port()
+    server = uvicorn.Server(server_config(create_app(settings), "127.0.0.1", port, settings))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_until(lambda: server.started or not thread.is_alive(), 60, "the gateway to start")
+    assert server.started, "the gateway did not start"
+    yield f"http://127.0.0.1:{port}", token_file, artifacts
+    server.should_exit = True
+    thread.join(15)
+
+
+def _traffic(url: str, to: str) -> None:
+    dataset = make_synthetic(*DATASET, seed=0)
+    plan = SimulationPlan(url=url, rate=30, duration_s=PHASE_S, k=10, concurrency=4, seed=7)
+    report = asyncio.run(simulate(plan, population(dataset, to), Preferences(dataset)))
+    assert report.errors == 0, report.table()
+
+
+def _retrain_alerts(prometheus: Prometheus) -> list[dict]:
+    return [a for a in prometheus.alerts() if a["labels"].get("action") == "retrain"]
+
+
+def _enqueued(url: str) -> float:
+    for line in httpx.get(f"{url}/metrics", timeout=5).text.splitlines():
+        if line.startswith('cascade_retrain_requests_total{decision="enqueued"}'):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError("cascade_retrain_requests_total is not exported")
+
+
+def test_a_population_shift_queues_exactly_one_retrain_and_stationary_traffic_none(
+    gateway: tuple[str, Path, Path],
+    tmp_path: Path,
+    prometheus_server: Callable[..., Prometheus],
+    alertmanager_server: Callable[..., Alertmanager],
+) -> None:
+    require_binary("prometheus")
+    url, token_file, artifacts = gateway
+    queue = FileRetrainQueue(artifacts / "retrain" / "queue.json")
+    alertmanager = alertmanager_server(
+        alertmanager_config_for_tests(f"{url}/v1/admin/alerts", token_file)
+    )
+    prometheus = prometheus_server(
+        targets={"cascade": [url.removeprefix("http://")]},
+        rule_files=rules_for_tests(
+            tmp_path / "rules", for_="3s", thresholds={"drift_min_samples": MIN_SAMPLES}
+        ),
+        alertmanager=alertmanager.url,
+    )
+    wait_until(prometheus.targets_up, 30, "Prometheus to scrape the gateway")
+
+    # 1. stationary traffic: PSI stays low, nothing fires, nothing is queued
+    _traffic(url, "all")
+    sampled = prometheus.query('cascade_drift_samples{feature="user_age"}')
+    assert sampled and float(sampled[0]["value"][1]) >= MIN_SAMPLES, sampled
+    assert _retrain_alerts(prometheus) == []
+    assert queue.requests() == [] and _enqueued(url) == 0
+
+    # 2. the population shifts: the age PSI rises, the alert fires, one retrain is queued
+    _traffic(url, "old")
+    firing = wait_until(
+        lambda: [a for a in _retrain_alerts(prometheus) if a["state"] == "firing"],
+        60,
+        "a retraining alert to fire",
+    )
+    assert "CascadeFeatureDrift" in {a["labels"]["alertname"] for a in firing}
+    drifted = {a["labels"].get("feature") for a in firing}
+    assert "user_age" in drifted, drifted
+    wait_until(lambda: queue.requests() or None, 30, "the webhook to queue a retrain")
+    time.sleep(8.0)  # Alertmanager re-sends every 2 s here, and other drift alerts may join
+    assert len(queue.requests()) == 1 and _enqueued(url) == 1
+    claimed = queue.claim("test-worker", lease_s=60)
+    assert claimed is not None and queue.claim("other-worker", lease_s=60) is None
+
+    # 3. the dashboards: every gateway-fed panel has data; every query is valid PromQL
+    empty = []
+    for dashboard, panel in all_panels():
+        results = [prometheus.query(query.expr) for query in panel.queries]
+        for threshold in panel.thresholds:
+            assert prometheus.query(threshold.series), f"{threshold.series} has no value"
+        if panel.needs == "gateway" and not any(results):
+            empty.append(f"{dashboard.uid}: {panel.title}")
+    assert empty == [], f"panels without data: {empty}"
