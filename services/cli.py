@@ -175,6 +175,12 @@ def _materialize_parser(commands: Any) -> None:
     parser.add_argument(
         "--redis-url", default=None, help="redis://host:port/db (default: CASCADE_REDIS__URL)"
     )
+    parser.add_argument(
+        "--candidate",
+        action="store_true",
+        help="the newest candidate the gate passed instead of --version; none: exit 0 "
+        "(a worker that runs on a schedule)",
+    )
 
 
 def _settings(args: argparse.Namespace, **overrides: Any) -> Any:
@@ -196,6 +202,18 @@ def _run_materialize(args: argparse.Namespace) -> int:
     url = args.redis_url or settings.redis.url
     if not url:
         raise CascadeError("no Redis to materialize into: set CASCADE_REDIS__URL or --redis-url")
+    if args.candidate and args.version is not None:
+        raise CascadeError("materialize: --candidate and --version exclude each other")
+    if args.candidate:
+        from services.control.registry import VersionState, make_registry
+
+        registry = make_registry(settings.model_copy(update={"redis": settings.redis.model_copy(
+            update={"url": url})}))  # fmt: skip
+        candidates = [r.version for r in registry.records() if r.state == VersionState.CANDIDATE]
+        if not candidates:
+            print("materialize: no candidate (nothing to do)")
+            return 0
+        args.version = max(candidates)
     version = args.version or latest_version(settings.artifacts)
     if version is None:
         raise CascadeError(f"no release under {settings.artifacts}: run `cascade train` first")

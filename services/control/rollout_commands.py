@@ -115,20 +115,32 @@ def add_rollout_parser(commands: Any) -> None:
         help="serve the controller's Prometheus metrics on 127.0.0.1 (0: off)",
     )
     parser.add_argument("--json", action="store_true", help="status: print JSON")
+    parser.add_argument(
+        "--if-any",
+        action="store_true",
+        help="with `candidate`: exit 0 when there is none (a worker that runs on a schedule)",
+    )
+
+
+def _newest_candidate(controller: RolloutController) -> int | None:
+    """The newest version the gate passed that was never rolled out, if any."""
+    from services.control.registry import VersionState
+
+    candidates = [
+        r.version for r in controller.registry.records() if r.state == VersionState.CANDIDATE
+    ]
+    return max(candidates, default=None)
 
 
 def _target_version(controller: RolloutController, target: str) -> int:
     """A version number, or `candidate`: the newest version the gate passed (what the
     retraining CronJob rolls out after `cascade retrain`)."""
-    from services.control.registry import VersionState
 
     if target == "candidate":
-        candidates = [
-            r.version for r in controller.registry.records() if r.state == VersionState.CANDIDATE
-        ]
-        if not candidates:
+        newest = _newest_candidate(controller)
+        if newest is None:
             raise RolloutRefused("no candidate to roll out: `cascade versions` lists the states")
-        return max(candidates)
+        return newest
     try:
         return int(target)
     except ValueError:
@@ -157,6 +169,9 @@ def run_rollout(args: argparse.Namespace) -> int:
     if args.target == "status":
         return _status(args)
     controller = _controller(args, _plan(args))
+    if args.if_any and args.target == "candidate" and _newest_candidate(controller) is None:
+        print("rollout: no candidate to roll out (nothing to do)", flush=True)
+        return 0
     version = _target_version(controller, args.target)
     if args.metrics_port:
         from prometheus_client import start_http_server

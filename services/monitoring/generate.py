@@ -4,8 +4,8 @@ checked-in copies are current (``python -m services.monitoring.generate [--check
 - ``monitoring/grafana/dashboards/*.json`` from ``services/monitoring/panels.py``;
 - ``k8s/monitoring/grafana-dashboards.yaml``: the same JSON in a ConfigMap for Grafana's
   dashboard sidecar (label ``grafana_dashboard: "1"``);
-- ``k8s/monitoring/prometheus-rules.yaml``: a prometheus-operator ``PrometheusRule`` holding
-  the groups of ``monitoring/prometheus/recording_rules.yml`` and ``alert_rules.yml``.
+- ``k8s/monitoring/prometheus-rules.yaml``: prometheus-operator ``PrometheusRule`` resources
+  holding the groups of ``monitoring/prometheus/recording_rules.yml`` and ``alert_rules.yml``.
 """
 
 from __future__ import annotations
@@ -29,17 +29,26 @@ def _yaml(document: dict) -> str:
     return yaml.safe_dump(document, sort_keys=False, width=100, allow_unicode=True)
 
 
-def prometheus_rule(root: Path) -> str:
-    groups = []
+def prometheus_rules(root: Path) -> str:
+    """One PrometheusRule per rule file (group names repeat across the two files, and the
+    operator renders one resource into one rule file, where names must be unique)."""
+    documents = []
     for name in RULE_FILES:
-        groups += yaml.safe_load((root / "monitoring" / "prometheus" / name).read_text())["groups"]
-    document = {
-        "apiVersion": "monitoring.coreos.com/v1",
-        "kind": "PrometheusRule",
-        "metadata": {"name": "cascade", "labels": {**LABELS, "prometheus": "cascade"}},
-        "spec": {"groups": groups},
-    }
-    return HEADER.format(source="monitoring/prometheus/*.yml") + _yaml(document)
+        groups = yaml.safe_load((root / "monitoring" / "prometheus" / name).read_text())["groups"]
+        stem = name.removesuffix(".yml").replace("_", "-")
+        documents.append(
+            {
+                "apiVersion": "monitoring.coreos.com/v1",
+                "kind": "PrometheusRule",
+                "metadata": {
+                    "name": f"cascade-{stem}",
+                    "labels": {**LABELS, "prometheus": "cascade"},
+                },
+                "spec": {"groups": groups},
+            }
+        )
+    body = "---\n".join(_yaml(document) for document in documents)
+    return HEADER.format(source="monitoring/prometheus/*.yml") + body
 
 
 def dashboards_config_map() -> str:
@@ -60,7 +69,7 @@ def generated(root: Path = ROOT) -> dict[Path, str]:
     """Every generated file's path and its current content."""
     files = {root / "monitoring/grafana/dashboards" / file_name(d): render(d) for d in DASHBOARDS}
     files[root / "k8s/monitoring/grafana-dashboards.yaml"] = dashboards_config_map()
-    files[root / "k8s/monitoring/prometheus-rules.yaml"] = prometheus_rule(root)
+    files[root / "k8s/monitoring/prometheus-rules.yaml"] = prometheus_rules(root)
     return files
 
 

@@ -67,3 +67,16 @@ def test_bad_input_is_one_line_naming_the_problem(
 ) -> None:
     code, _, err = _run(capsys, *argv, "--artifacts", str(artifacts))
     assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_a_scheduled_worker_with_no_candidate_exits_cleanly_only_with_if_any(
+    artifacts: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = str(artifacts)
+    registry = FileRegistry(artifacts / "registry.json")
+    registry.transition(2, VersionState.RETIRED, "test: no candidate left")
+    code, _, err = _run(capsys, "rollout", "candidate", "--artifacts", root, "--once")
+    assert code == 2 and "no candidate to roll out" in err
+    code, out, _ = _run(capsys, "rollout", "candidate", "--if-any", "--artifacts", root)
+    assert code == 0 and "no candidate to roll out (nothing to do)" in out
+    assert FileDesiredState(artifacts / "rollout" / "desired.json").read() is None

@@ -29,11 +29,14 @@ def test_every_generated_file_is_current() -> None:
 
 
 def test_the_kubernetes_rule_holds_every_rule_group() -> None:
-    rule = yaml.safe_load((ROOT / "k8s/monitoring/prometheus-rules.yaml").read_text())
-    names = {g["name"] for g in rule["spec"]["groups"]}
-    for source in ("recording_rules.yml", "alert_rules.yml"):
+    text = (ROOT / "k8s/monitoring/prometheus-rules.yaml").read_text()
+    rules = list(yaml.safe_load_all(text))
+    assert [r["kind"] for r in rules] == ["PrometheusRule", "PrometheusRule"]
+    for rule, source in zip(rules, ("recording_rules.yml", "alert_rules.yml"), strict=True):
         groups = yaml.safe_load((ROOT / "monitoring/prometheus" / source).read_text())["groups"]
-        assert {g["name"] for g in groups} <= names
+        assert rule["spec"]["groups"] == groups
+        names = [g["name"] for g in rule["spec"]["groups"]]
+        assert len(names) == len(set(names)), "group names must be unique per resource"
 
 
 def test_every_panel_has_a_unique_title_queries_and_a_grid_place() -> None:

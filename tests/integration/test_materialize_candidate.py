@@ -1,0 +1,47 @@
+"""`cascade materialize --candidate`: what the alert-triggered retrain worker runs on a
+schedule; it loads the newest candidate into Redis, and does nothing when there is none."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import redis
+
+from services.cli import main
+from services.control.registry import RedisRegistry
+from tests.conftest import redis_url
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def url() -> str:
+    found = redis_url(db=12)
+    if found is None:
+        pytest.skip("no Redis answers (set CASCADE_TEST_REDIS_ADDRESS or start one)")
+    redis.Redis.from_url(found).flushdb()
+    return found
+
+
+def test_materialize_candidate_loads_the_newest_candidate_or_nothing(
+    exported: Path, url: str, capsys: pytest.CaptureFixture[str], monkeypatch
+) -> None:
+    monkeypatch.setenv("CASCADE_REDIS__URL", url)
+    root = ["--artifacts", str(exported), "--redis-url", url]
+    assert main(["materialize", "--candidate", *root]) == 0
+    assert "no candidate (nothing to do)" in capsys.readouterr().out
+    assert redis.Redis.from_url(url).dbsize() == 0
+
+    RedisRegistry(url, "cascade").register(1, {"verdict": "pass", "failed_checks": []})
+    assert main(["materialize", "--candidate", *root]) == 0
+    assert "of release 1 into" in capsys.readouterr().out
+    assert redis.Redis.from_url(url).dbsize() > 10
+
+
+def test_candidate_and_version_exclude_each_other(
+    exported: Path, url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["materialize", "--candidate", "--version", "1", "--redis-url", url]
+    assert main([*argv, "--artifacts", str(exported)]) == 2
+    assert "--candidate and --version exclude each other" in capsys.readouterr().err
