@@ -32,6 +32,7 @@ import asyncio
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -119,7 +120,27 @@ def ensure_release(name: str) -> Path:
                 stdout=train_log,
                 stderr=subprocess.STDOUT,
             )
+    refresh_triton_files(root)
     return root
+
+
+def refresh_triton_files(root: Path) -> None:
+    """Bring the cached export's ``model.py``/``config.pbtxt`` up to the repository's (they
+    are thin adapters of the code under test, so a cached release must not pin old ones),
+    re-stamping the sha256 of each copied model.py in the release manifests."""
+    from pipelines.export.verify import file_sha256
+
+    templates = ROOT / "model_repository"
+    for manifest_path in (root / "releases").glob("*/manifest.json"):
+        manifest = json.loads(manifest_path.read_text())
+        for model, version in manifest.get("models", {}).items():
+            shutil.copy(templates / model / "config.pbtxt", root / "model_repository" / model)
+            target = root / "model_repository" / model / str(version) / "model.py"
+            shutil.copy(templates / model / "model.py", target)
+            name = f"model_repository/{model}/{version}/model.py"
+            if name in manifest.get("files", {}):
+                manifest["files"][name] = file_sha256(target)
+        manifest_path.write_text(json.dumps(manifest, indent=2))
 
 
 def user_ids(root: Path) -> list[int]:

@@ -121,6 +121,8 @@ class RankingModel:
         self.session: ort.InferenceSession | None = None
         self.tree: TreeRanker | None = None
         self.dlrm_weight = 0.5
+        self.tables = 0  # sparse columns (one embedding table each), known after load()
+        self.dense_width = 0
 
     def load(self) -> None:
         """Verify the version directory against its manifest (dense part, tree, tables and
@@ -131,6 +133,8 @@ class RankingModel:
             raise ArtifactError(f"{blend_path} is missing")
         self.dlrm_weight = float(json.loads(blend_path.read_text())["dlrm_weight"])
         self.session = _session(self.directory / "dlrm_dense.onnx")
+        shapes = {i.name: i.shape for i in self.session.get_inputs()}
+        self.tables, self.dense_width = int(shapes["embedded"][1]), int(shapes["dense"][1])
         self.tree = TreeRanker.load(self.directory / "gbm.txt")
         if self.embeddings is None:
             self.embeddings = embeddings_for(self.directory, self.settings)
@@ -138,6 +142,18 @@ class RankingModel:
     def close(self) -> None:
         if self.embeddings is not None:
             self.embeddings.close()
+
+    def check_inputs(self, sparse: np.ndarray, dense: np.ndarray) -> None:
+        """Raise ``ValueError`` naming what is wrong unless ``sparse`` is ``[N, tables]``
+        integers and ``dense`` is ``[N, dense_width]`` numbers."""
+        if sparse.ndim != 2 or sparse.shape[1] != self.tables:
+            raise ValueError(f"sparse must be [N, {self.tables}], got {list(sparse.shape)}")
+        if dense.ndim != 2 or dense.shape[1] != self.dense_width:
+            raise ValueError(f"dense must be [N, {self.dense_width}], got {list(dense.shape)}")
+        if len(sparse) != len(dense):
+            raise ValueError(f"sparse has {len(sparse)} rows but dense has {len(dense)}")
+        if not np.issubdtype(sparse.dtype, np.integer):
+            raise ValueError(f"sparse must hold integer ids, got {sparse.dtype}")
 
     def score(self, sparse: np.ndarray, dense: np.ndarray) -> tuple[np.ndarray, bool]:
         """``sparse [N, T]`` int64, ``dense [N, D]`` float32 -> blended logits ``[N]`` float32,
