@@ -5,8 +5,9 @@ and exported once and cached under bench/results/artifacts/) and each configurat
 
 - ``embedded``: the gateway alone (models in process, in-memory store);
 - ``full``: the production shape: a private redis-server (features, impressions, and the
-  ranker's embedding rows behind the cache), Triton from the nvidia-pytriton wheel over gRPC,
-  the gateway (``--embedding-rows memory`` keeps whole tables in Triton's memory instead);
+  ranker's embedding rows when they exceed the in-memory budget), Triton from the
+  nvidia-pytriton wheel over gRPC for the ranker, the query tower where the settings place it
+  (``--query-tower``), the gateway;
 
 it measures
 
@@ -52,6 +53,11 @@ from services.local_redis import free_port, start_redis_server
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 CONFIGS = ("embedded", "full")
+EMBEDDING_ROWS = {  # the ranker's environment in Triton, per --embedding-rows
+    "auto": {},
+    "cache": {"CASCADE_EMBEDDING_CACHE__IN_MEMORY_MAX_MB": "0"},
+    "memory": {"CASCADE_EMBEDDING_CACHE__ENABLED": "false"},
+}
 CATALOGS = {
     "movielens": ["--dataset", "movielens"],
     "synthetic": [
@@ -229,10 +235,7 @@ def stack(config: str, root: Path, args: argparse.Namespace) -> Iterator[tuple[s
                 grpc_port=free_port(),
                 metrics_port=free_port(),
                 log_file=work / f"triton-{root.name}.log",
-                env={
-                    "CASCADE_REDIS__URL": redis_url,
-                    "CASCADE_EMBEDDING_CACHE__ENABLED": str(args.embedding_rows == "cache"),
-                },
+                env={"CASCADE_REDIS__URL": redis_url, **EMBEDDING_ROWS[args.embedding_rows]},
             )
             triton.start(timeout_s=180)
             assert triton.process is not None
@@ -243,6 +246,7 @@ def stack(config: str, root: Path, args: argparse.Namespace) -> Iterator[tuple[s
                 CASCADE_TRITON__PROTOCOL="grpc",
                 CASCADE_TRITON__TIMEOUT_MS="1000",
                 CASCADE_REDIS__TIMEOUT_MS="200",
+                CASCADE_TRITON__QUERY_TOWER=args.query_tower,
             )
         url, gateway = start_gateway(env, args.workers, group)
         started.append(gateway)
@@ -339,10 +343,17 @@ def main() -> None:
     parser.add_argument("--search-s", type=float, default=150.0, help="time budget per search")
     parser.add_argument("--floor-requests", type=int, default=1000, help="floor loop length")
     parser.add_argument(
+        "--query-tower",
+        choices=["gateway", "triton"],
+        default="gateway",
+        help="full stack: where the query tower runs (CASCADE_TRITON__QUERY_TOWER)",
+    )
+    parser.add_argument(
         "--embedding-rows",
-        choices=["cache", "memory"],
-        default="cache",
-        help="full stack: the ranker's DLRM rows through the cache on Redis, or in memory",
+        choices=list(EMBEDDING_ROWS),
+        default="auto",
+        help="full stack: the ranker's DLRM rows in memory when they fit the budget, else "
+        "through the cache (auto, the default settings); always the cache; always in memory",
     )
     parser.add_argument(
         "--quick",
