@@ -6,8 +6,8 @@ and exported once and cached under bench/results/artifacts/) and each configurat
 - ``embedded``: the gateway alone (models in process, in-memory store);
 - ``full``: the production shape: a private redis-server (features, impressions, and the
   ranker's embedding rows when they exceed the in-memory budget), Triton from the
-  nvidia-pytriton wheel over gRPC for the ranker, the query tower where the settings place it
-  (``--query-tower``), the gateway;
+  nvidia-pytriton wheel for the ranker (``--protocol`` http or grpc), the query tower where
+  the settings place it (``--query-tower``), the gateway;
 
 it measures
 
@@ -242,8 +242,10 @@ def stack(config: str, root: Path, args: argparse.Namespace) -> Iterator[tuple[s
             triton_processes(group, triton.process.pid)
             env.update(
                 CASCADE_REDIS__URL=redis_url,
-                CASCADE_TRITON__URL=f"127.0.0.1:{triton.grpc_port}",
-                CASCADE_TRITON__PROTOCOL="grpc",
+                CASCADE_TRITON__URL=(
+                    triton.http_url if args.protocol == "http" else f"127.0.0.1:{triton.grpc_port}"
+                ),
+                CASCADE_TRITON__PROTOCOL=args.protocol,
                 CASCADE_TRITON__TIMEOUT_MS="1000",
                 CASCADE_REDIS__TIMEOUT_MS="200",
                 CASCADE_TRITON__QUERY_TOWER=args.query_tower,
@@ -342,6 +344,9 @@ def main() -> None:
     parser.add_argument("--probe-s", type=float, default=8.0, help="seconds per search probe")
     parser.add_argument("--search-s", type=float, default=150.0, help="time budget per search")
     parser.add_argument("--floor-requests", type=int, default=1000, help="floor loop length")
+    parser.add_argument(
+        "--protocol", choices=["http", "grpc"], default="http", help="full stack: to Triton"
+    )
     parser.add_argument(
         "--query-tower",
         choices=["gateway", "triton"],
