@@ -187,15 +187,21 @@ def search_rate(
     probes: list[Probe] = []
 
     def run(rate: float) -> bool:
-        result = probe(rate)
-        probes.append(result)
-        verdict = "ok" if result.meets(slo_ms) else "over"
-        log(
-            f"    {rate:7.1f} req/s: p50 {result.p50_ms:7.2f} ms  p99 {result.p99_ms:8.2f} ms  "
-            f"errors {result.errors}  degraded {result.degraded}  "
-            f"server CPU {result.cpu_ms_per_request['servers_total']:.2f} ms/req  {verdict}"
-        )
-        return result.meets(slo_ms)
+        """A rate fails only when two probes in a row fail it: one p99 of a few seconds
+        rests on a handful of requests, and a shared machine has spikes."""
+        for attempt in range(2):
+            result = probe(rate)
+            probes.append(result)
+            verdict = "ok" if result.meets(slo_ms) else "over"
+            log(
+                f"    {rate:7.1f} req/s: p50 {result.p50_ms:7.2f} ms  p99 {result.p99_ms:8.2f} ms"
+                f"  errors {result.errors}  degraded {result.degraded}  server CPU "
+                f"{result.cpu_ms_per_request['servers_total']:.2f} ms/req  {verdict}"
+                + ("" if attempt == 0 else " (again)")
+            )
+            if result.meets(slo_ms):
+                return True
+        return False
 
     good, bad = 0.0, None
     rate = start
