@@ -78,6 +78,20 @@ def triton_processes(group: ProcessGroup, server_pid: int) -> None:
         group.add(f"stub_{model}", child)
 
 
+def ranker_counts(metrics_url: str) -> tuple[float, float]:
+    """(requests, executions) of the ranker so far, from Triton's metrics port."""
+    import urllib.request
+
+    with urllib.request.urlopen(metrics_url, timeout=5) as response:
+        text = response.read().decode()
+    totals = {"nv_inference_request_success": 0.0, "nv_inference_exec_count": 0.0}
+    for line in text.splitlines():
+        name, _, rest = line.partition("{")
+        if name in totals and 'model="ranker"' in rest:
+            totals[name] += float(line.rsplit(" ", 1)[1])
+    return totals["nv_inference_request_success"], totals["nv_inference_exec_count"]
+
+
 @dataclass
 class Probe:
     """One open-loop run at a fixed rate."""

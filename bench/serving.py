@@ -33,7 +33,6 @@ import asyncio
 import json
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
@@ -44,44 +43,25 @@ from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
-from openloop import Probe, ProcessGroup, children, open_loop, search_rate, triton_processes
+from openloop import (
+    Probe,
+    ProcessGroup,
+    children,
+    open_loop,
+    ranker_counts,
+    search_rate,
+    triton_processes,
+)
 from serving_floor import compute_floor
+from serving_release import CATALOGS, RESULTS, ROOT, ensure_release, user_ids
 
 from services.local_redis import free_port, start_redis_server
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results"
 CONFIGS = ("embedded", "full")
 EMBEDDING_ROWS = {  # the ranker's environment in Triton, per --embedding-rows
     "auto": {},
     "cache": {"CASCADE_EMBEDDING_CACHE__IN_MEMORY_MAX_MB": "0"},
     "memory": {"CASCADE_EMBEDDING_CACHE__ENABLED": "false"},
-}
-CATALOGS = {
-    "movielens": ["--dataset", "movielens"],
-    "synthetic": [
-        "--dataset",
-        "synthetic",
-        "--users",
-        "100000",
-        "--items",
-        "1000000",
-        "--interactions",
-        "1000000",
-        "--two-tower-epochs",
-        "1",
-        "--two-tower-batch",
-        "2048",
-        "--bpr-epochs",
-        "1",
-        "--dlrm-epochs",
-        "1",
-        "--gbm-rounds",
-        "50",
-        "--eval-users",
-        "2000",
-    ],
 }
 
 
@@ -101,57 +81,6 @@ def wait_for(url: str, timeout_s: float) -> None:
         except OSError:
             time.sleep(0.2)
     raise RuntimeError(f"{url} not ready after {timeout_s} s")
-
-
-def ensure_release(name: str) -> Path:
-    root = RESULTS / "artifacts" / name
-    if not (root / "releases").is_dir() or not any((root / "releases").glob("*/manifest.json")):
-        root.mkdir(parents=True, exist_ok=True)
-        log(f"training the {name} release once (cached in {root}) ...")
-        with (root / "train.log").open("w") as train_log:
-            subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "services.cli",
-                    "train",
-                    "--workdir",
-                    str(root / "work"),
-                    "--output",
-                    str(root),
-                    *CATALOGS[name],
-                ],
-                check=True,
-                cwd=ROOT,
-                stdout=train_log,
-                stderr=subprocess.STDOUT,
-            )
-    refresh_triton_files(root)
-    return root
-
-
-def refresh_triton_files(root: Path) -> None:
-    """Bring the cached export's ``model.py``/``config.pbtxt`` up to the repository's (they
-    are thin adapters of the code under test, so a cached release must not pin old ones),
-    re-stamping the sha256 of each copied model.py in the release manifests."""
-    from pipelines.export.verify import file_sha256
-
-    templates = ROOT / "model_repository"
-    for manifest_path in (root / "releases").glob("*/manifest.json"):
-        manifest = json.loads(manifest_path.read_text())
-        for model, version in manifest.get("models", {}).items():
-            shutil.copy(templates / model / "config.pbtxt", root / "model_repository" / model)
-            target = root / "model_repository" / model / str(version) / "model.py"
-            shutil.copy(templates / model / "model.py", target)
-            name = f"model_repository/{model}/{version}/model.py"
-            if name in manifest.get("files", {}):
-                manifest["files"][name] = file_sha256(target)
-        manifest_path.write_text(json.dumps(manifest, indent=2))
-
-
-def user_ids(root: Path) -> list[int]:
-    release = sorted((root / "releases").glob("*/manifest.json"))[-1].parent
-    return pd.read_parquet(release / "online" / "users.parquet")["user_id"].astype(int).tolist()
 
 
 def stop(process: subprocess.Popen[bytes]) -> None:
@@ -199,8 +128,11 @@ def start_gateway(
 
 
 @contextmanager
-def stack(config: str, root: Path, args: argparse.Namespace) -> Iterator[tuple[str, ProcessGroup]]:
-    """Start one configuration; yield the recommend URL and its server processes."""
+def stack(
+    config: str, root: Path, args: argparse.Namespace
+) -> Iterator[tuple[str, ProcessGroup, str | None]]:
+    """Start one configuration; yield the recommend URL, its server processes and Triton's
+    metrics URL (None without Triton)."""
     from services.triton_server import TritonServer
 
     group = ProcessGroup()
@@ -252,7 +184,8 @@ def stack(config: str, root: Path, args: argparse.Namespace) -> Iterator[tuple[s
             )
         url, gateway = start_gateway(env, args.workers, group)
         started.append(gateway)
-        yield url, group
+        metrics = f"http://127.0.0.1:{triton.metrics_port}/metrics" if triton else None
+        yield url, group, metrics
     finally:
         for process in reversed(started):
             stop(process)
@@ -262,7 +195,7 @@ def stack(config: str, root: Path, args: argparse.Namespace) -> Iterator[tuple[s
 
 def run_config(config: str, root: Path, users: list[int], args: argparse.Namespace) -> dict:
     log(f"  {config}: starting ...")
-    with stack(config, root, args) as (url, group):
+    with stack(config, root, args) as (url, group, metrics):
 
         def probe(rate: float, seconds: float | None = None) -> Probe:
             return asyncio.run(
@@ -278,10 +211,17 @@ def run_config(config: str, root: Path, users: list[int], args: argparse.Namespa
             )
 
         probe(min(args.cpu_rate, 50.0), 3.0)  # warm-up: lazy imports, caches, connections
+        counts_before = ranker_counts(metrics) if metrics else (0.0, 0.0)
         at_rate = probe(args.cpu_rate, args.cpu_s)
+        counts_after = ranker_counts(metrics) if metrics else (0.0, 0.0)
+        executions = counts_after[1] - counts_before[1]
+        batching = (
+            round((counts_after[0] - counts_before[0]) / executions, 2) if executions else None
+        )
         log(
             f"  {config}: at {args.cpu_rate:g} req/s p99 {at_rate.p99_ms} ms, CPU-ms per "
             f"request {at_rate.cpu_ms_per_request}"
+            + (f", {batching} ranker requests per Triton execution" if batching else "")
         )
         log(f"  {config}: searching the highest rate with p99 <= {args.slo_ms:g} ms")
         rate, probes = search_rate(
@@ -293,6 +233,7 @@ def run_config(config: str, root: Path, users: list[int], args: argparse.Namespa
         "slo_rate_rps": rate,
         "cpu_rate_rps": args.cpu_rate,
         "cpu_ms_per_request": at_rate.cpu_ms_per_request,
+        "ranker_requests_per_execution": batching,
         "at_cpu_rate": asdict(at_rate),
         "probes": [asdict(p) for p in probes],
     }
@@ -326,10 +267,14 @@ def run_catalog(name: str, args: argparse.Namespace) -> dict:
     }
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """The module docstring as written, and every option's default."""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__,
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("--catalogs", nargs="+", choices=list(CATALOGS), default=["synthetic"])
     parser.add_argument("--configs", nargs="+", choices=CONFIGS, default=list(CONFIGS))
