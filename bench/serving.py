@@ -1,21 +1,29 @@
-"""Benchmark: the whole serving stack on loopback — uvicorn gateway, real Redis, real Triton.
+"""Benchmark: serving throughput at a latency SLO, open loop, on loopback.
 
-For each catalog (MovieLens-100K, and a synthetic catalog of 1M items) it trains and exports
-a release once (cached under bench/results/artifacts/), starts what is not running (a private
-redis-server, Triton from the nvidia-pytriton wheel, the gateway), loads the users and the
-DLRM embedding rows into Redis (the ranker in Triton reads them through the hierarchical
-cache, as it does whenever a Redis is configured; ``--embedding-rows memory`` keeps whole
-tables in memory instead), then:
+For each catalog (MovieLens-100K, or a synthetic catalog of 1M items; a release is trained
+and exported once and cached under bench/results/artifacts/) and each configuration
 
-- concurrency 1: every stage runs alone; the server-reported per-stage p50s are summed, and
-  the client-measured end-to-end p50 divided by that sum is the orchestration overhead
-  (HTTP, JSON, validation, the stage loop);
-- fixed concurrency (default 50): p50/p99 latency, requests/s and errors.
+- ``embedded``: the gateway alone (models in process, in-memory store);
+- ``full``: the production shape: a private redis-server (features, impressions, and the
+  ranker's embedding rows when they exceed the in-memory budget), Triton from the
+  nvidia-pytriton wheel for the ranker (``--protocol`` http or grpc), the query tower where
+  the settings place it (``--query-tower``), the gateway;
 
-It stops everything it started. Prints a table, then one JSON object as the last line (also
-written to bench/results/serving.json).
+it measures
 
-    python bench/serving.py [--catalogs movielens synthetic] [--concurrency 50] [--requests 3000]
+- the highest Poisson arrival rate whose p99 latency stays within the SLO (default 50 ms),
+  latency counted from each request's *scheduled* time so queueing is not hidden: the rate
+  steps up by ``--step`` x until a probe fails the SLO (or errors), then bisects;
+- CPU-ms per request of every server process (gateway workers, tritonserver, each python
+  stub, redis) from /proc/<pid>/stat at a fixed rate (``--cpu-rate``), with the load
+  generator's own CPU reported and excluded;
+- the compute floor in the same run: the stages' numeric work in one tight loop
+  (bench/serving_floor.py), and the ratio of the servers' CPU to it.
+
+It stops everything it started. Progress goes to stdout line by line; the last line is one
+JSON object (also written to bench/results/serving.json).
+
+    python bench/serving.py [--catalogs synthetic] [--configs embedded full] [--quick]
 """
 
 from __future__ import annotations
@@ -29,42 +37,36 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict
 from pathlib import Path
 
-import aiohttp
 import numpy as np
-import pandas as pd
+from openloop import (
+    Probe,
+    ProcessGroup,
+    children,
+    open_loop,
+    ranker_counts,
+    search_rate,
+    triton_processes,
+)
+from serving_floor import compute_floor
+from serving_release import CATALOGS, RESULTS, ROOT, ensure_release, user_ids
 
 from services.local_redis import free_port, start_redis_server
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results"
-STAGES = ("features", "retrieval", "filtering", "scoring", "ordering")
-CATALOGS = {
-    "movielens": ["--dataset", "movielens"],
-    "synthetic": [
-        "--dataset",
-        "synthetic",
-        "--users",
-        "100000",
-        "--items",
-        "1000000",
-        "--interactions",
-        "1000000",
-        "--two-tower-epochs",
-        "1",
-        "--two-tower-batch",
-        "2048",
-        "--bpr-epochs",
-        "1",
-        "--dlrm-epochs",
-        "1",
-        "--gbm-rounds",
-        "50",
-        "--eval-users",
-        "2000",
-    ],
+CONFIGS = ("embedded", "full")
+EMBEDDING_ROWS = {  # the ranker's environment in Triton, per --embedding-rows
+    "auto": {},
+    "cache": {"CASCADE_EMBEDDING_CACHE__IN_MEMORY_MAX_MB": "0"},
+    "memory": {"CASCADE_EMBEDDING_CACHE__ENABLED": "false"},
 }
+
+
+def log(line: str) -> None:
+    print(line, flush=True)
 
 
 def wait_for(url: str, timeout_s: float) -> None:
@@ -81,244 +83,266 @@ def wait_for(url: str, timeout_s: float) -> None:
     raise RuntimeError(f"{url} not ready after {timeout_s} s")
 
 
-def ensure_release(name: str) -> Path:
-    root = RESULTS / "artifacts" / name
-    if not (root / "releases").is_dir() or not any((root / "releases").glob("*/manifest.json")):
-        root.mkdir(parents=True, exist_ok=True)
-        print(f"training the {name} release once (cached in {root}) ...", flush=True)
-        with (root / "train.log").open("w") as log:
+def stop(process: subprocess.Popen[bytes]) -> None:
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
+def start_gateway(
+    env: dict[str, str], workers: int, group: ProcessGroup
+) -> tuple[str, subprocess.Popen[bytes]]:
+    """uvicorn on a free loopback port; its workers' CPU is sampled as ``gateway``."""
+    port = free_port()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "services.api.app:create_app",
+            "--factory",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            str(workers),
+            "--log-level",
+            "warning",
+            "--no-access-log",
+        ],
+        cwd=ROOT,
+        env={**os.environ, **env},
+    )
+    try:
+        wait_for(f"http://127.0.0.1:{port}/health/ready", 180)
+    except RuntimeError:
+        stop(process)
+        raise
+    group.add("gateway", process.pid)
+    for child in children(process.pid):
+        group.add("gateway", child)
+    return f"http://127.0.0.1:{port}/v1/recommend", process
+
+
+@contextmanager
+def stack(
+    config: str, root: Path, args: argparse.Namespace
+) -> Iterator[tuple[str, ProcessGroup, str | None]]:
+    """Start one configuration; yield the recommend URL, its server processes and Triton's
+    metrics URL (None without Triton)."""
+    from services.triton_server import TritonServer
+
+    group = ProcessGroup()
+    started: list[subprocess.Popen[bytes]] = []
+    triton = None
+    work = RESULTS / "run"
+    work.mkdir(parents=True, exist_ok=True)
+    env = {"CASCADE_ARTIFACTS": str(root), "CASCADE_FEEDBACK__REQUIRE_DURABLE": "false"}
+    try:
+        if config == "full":
+            redis_url, redis = start_redis_server(work, persist=True)  # as production: AOF on
+            started.append(redis)
+            group.add("redis", redis.pid)
             subprocess.run(
                 [
                     sys.executable,
                     "-m",
                     "services.cli",
-                    "train",
-                    "--workdir",
-                    str(root / "work"),
-                    "--output",
+                    "materialize",
+                    "--artifacts",
                     str(root),
-                    *CATALOGS[name],
+                    "--redis-url",
+                    redis_url,
                 ],
                 check=True,
                 cwd=ROOT,
-                stdout=log,
-                stderr=subprocess.STDOUT,
+                stdout=subprocess.DEVNULL,
             )
-    return root
+            triton = TritonServer(
+                root / "model_repository",
+                http_port=free_port(),
+                grpc_port=free_port(),
+                metrics_port=free_port(),
+                log_file=work / f"triton-{root.name}.log",
+                env={"CASCADE_REDIS__URL": redis_url, **EMBEDDING_ROWS[args.embedding_rows]},
+            )
+            triton.start(timeout_s=180)
+            assert triton.process is not None
+            triton_processes(group, triton.process.pid)
+            env.update(
+                CASCADE_REDIS__URL=redis_url,
+                CASCADE_TRITON__URL=(
+                    triton.http_url if args.protocol == "http" else f"127.0.0.1:{triton.grpc_port}"
+                ),
+                CASCADE_TRITON__PROTOCOL=args.protocol,
+                CASCADE_TRITON__TIMEOUT_MS="1000",
+                CASCADE_REDIS__TIMEOUT_MS="200",
+                CASCADE_TRITON__QUERY_TOWER=args.query_tower,
+            )
+        url, gateway = start_gateway(env, args.workers, group)
+        started.append(gateway)
+        metrics = f"http://127.0.0.1:{triton.metrics_port}/metrics" if triton else None
+        yield url, group, metrics
+    finally:
+        for process in reversed(started):
+            stop(process)
+        if triton is not None:
+            triton.stop()
 
 
-def start_redis(stack: list[subprocess.Popen[bytes]], directory: Path) -> str:
-    if os.environ.get("CASCADE_REDIS__URL"):
-        return os.environ["CASCADE_REDIS__URL"]
-    url, process = start_redis_server(directory, persist=True)  # as production: AOF on
-    stack.append(process)
-    return url
+def run_config(config: str, root: Path, users: list[int], args: argparse.Namespace) -> dict:
+    log(f"  {config}: starting ...")
+    with stack(config, root, args) as (url, group, metrics):
 
+        def probe(rate: float, seconds: float | None = None) -> Probe:
+            return asyncio.run(
+                open_loop(
+                    url,
+                    users,
+                    rate,
+                    seconds or args.probe_s,
+                    args.k,
+                    group,
+                    seed=random.randrange(1 << 30),
+                )
+            )
 
-def user_ids(root: Path) -> list[int]:
-    release = sorted((root / "releases").glob("*/manifest.json"))[-1].parent
-    return pd.read_parquet(release / "online" / "users.parquet")["user_id"].astype(int).tolist()
-
-
-async def load(url: str, users: list[int], concurrency: int, requests: int, k: int) -> dict:
-    """Send ``requests`` POSTs with ``concurrency`` in flight; return latencies and timings."""
-    latencies: list[float] = []
-    stage_ms: dict[str, list[float]] = {s: [] for s in STAGES}
-    errors = degraded = 0
-    rng = random.Random(0)
-    queue: asyncio.Queue[int] = asyncio.Queue()
-    for _ in range(requests):
-        # 5% unknown users exercise the cold-start path
-        queue.put_nowait(rng.choice(users) if rng.random() > 0.05 else 10**9 + rng.randrange(1000))
-
-    async def worker(session: aiohttp.ClientSession) -> None:
-        nonlocal errors, degraded
-        while not queue.empty():
-            user = queue.get_nowait()
-            started = time.perf_counter()
-            try:
-                async with session.post(url, json={"user_id": user, "k": k}) as response:
-                    body = await response.json()
-                    if response.status != 200:
-                        errors += 1
-                        continue
-            except aiohttp.ClientError:
-                errors += 1
-                continue
-            latencies.append(time.perf_counter() - started)
-            degraded += bool(body["degraded"])
-            for stage in STAGES:
-                stage_ms[stage].append(body["timings_ms"].get(stage, 0.0))
-
-    connector = aiohttp.TCPConnector(limit=concurrency)
-    async with aiohttp.ClientSession(connector=connector) as session:
-        started = time.perf_counter()
-        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
-        elapsed = time.perf_counter() - started
-    ms = np.asarray(latencies) * 1000
+        probe(min(args.cpu_rate, 50.0), 3.0)  # warm-up: lazy imports, caches, connections
+        counts_before = ranker_counts(metrics) if metrics else (0.0, 0.0)
+        at_rate = probe(args.cpu_rate, args.cpu_s)
+        counts_after = ranker_counts(metrics) if metrics else (0.0, 0.0)
+        executions = counts_after[1] - counts_before[1]
+        batching = (
+            round((counts_after[0] - counts_before[0]) / executions, 2) if executions else None
+        )
+        log(
+            f"  {config}: at {args.cpu_rate:g} req/s p99 {at_rate.p99_ms} ms, CPU-ms per "
+            f"request {at_rate.cpu_ms_per_request}"
+            + (f", {batching} ranker requests per Triton execution" if batching else "")
+        )
+        log(f"  {config}: searching the highest rate with p99 <= {args.slo_ms:g} ms")
+        rate, probes = search_rate(
+            probe, args.slo_ms, args.start_rate, args.step, args.bisections, args.search_s, log
+        )
+    log(f"  {config}: {rate} req/s within the SLO")
     return {
-        "p50_ms": round(float(np.percentile(ms, 50)), 2) if len(ms) else None,
-        "p99_ms": round(float(np.percentile(ms, 99)), 2) if len(ms) else None,
-        "rps": round(len(ms) / elapsed, 1),
-        "errors": errors,
-        "degraded": degraded,
-        "stage_p50_ms": {s: round(float(np.median(v)), 3) for s, v in stage_ms.items() if v},
+        "config": config,
+        "slo_rate_rps": rate,
+        "cpu_rate_rps": args.cpu_rate,
+        "cpu_ms_per_request": at_rate.cpu_ms_per_request,
+        "ranker_requests_per_execution": batching,
+        "at_cpu_rate": asdict(at_rate),
+        "probes": [asdict(p) for p in probes],
     }
 
 
 def run_catalog(name: str, args: argparse.Namespace) -> dict:
     root = ensure_release(name)
-    stack: list[subprocess.Popen[bytes]] = []
-    triton = None
-    work = RESULTS / "run"
-    work.mkdir(parents=True, exist_ok=True)
-    try:
-        from services.triton_server import TritonServer
+    rng = random.Random(1)
+    known = user_ids(root)
+    sample = [
+        rng.choice(known) if rng.random() > 0.05 else 10**9 + i for i in range(args.floor_requests)
+    ]
+    log(f"{name}: compute floor over {len(sample)} requests ...")
+    floor = compute_floor(root, sample, args.k)
+    log(
+        f"{name}: floor {floor['floor_cpu_ms_per_request']} CPU-ms per request "
+        f"(LightGBM {floor['lightgbm_cpu_ms_per_request']})"
+    )
+    runs = {c: run_config(c, root, known, args) for c in args.configs}
+    total = floor["floor_cpu_ms_per_request"]
+    return {
+        "catalog": name,
+        "items": int(np.load(sorted((root / "releases").glob("*/item_ids.npy"))[-1]).shape[0]),
+        "k": args.k,
+        "slo_ms": args.slo_ms,
+        **floor,
+        "runs": runs,
+        "cpu_to_floor_ratio": {
+            c: round(r["cpu_ms_per_request"]["servers_total"] / total, 2) for c, r in runs.items()
+        },
+    }
 
-        redis = start_redis(stack, work)
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "services.cli",
-                "materialize",
-                "--artifacts",
-                str(root),
-                "--redis-url",
-                redis,
-            ],
-            check=True,
-            cwd=ROOT,
-            stdout=subprocess.DEVNULL,
-        )
-        triton = TritonServer(
-            root / "model_repository",
-            http_port=free_port(),
-            grpc_port=free_port(),
-            metrics_port=free_port(),
-            log_file=work / f"triton-{name}.log",
-            env={  # the ranker's embedding rows: through the cache on this Redis, or in memory
-                "CASCADE_REDIS__URL": redis,
-                "CASCADE_EMBEDDING_CACHE__ENABLED": str(args.embedding_rows == "cache"),
-            },
-        )
-        triton.start(timeout_s=120)
-        port = free_port()
-        env = dict(
-            os.environ,
-            CASCADE_ARTIFACTS=str(root),
-            CASCADE_REDIS__URL=redis,
-            CASCADE_TRITON__URL=(
-                triton.http_url if args.protocol == "http" else f"127.0.0.1:{triton.grpc_port}"
-            ),
-            CASCADE_TRITON__PROTOCOL=args.protocol,
-            CASCADE_TRITON__TIMEOUT_MS="1000",
-            CASCADE_REDIS__TIMEOUT_MS="200",
-        )
-        stack.append(
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "uvicorn",
-                    "services.api.app:create_app",
-                    "--factory",
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(port),
-                    "--workers",
-                    str(args.workers),
-                    "--log-level",
-                    "warning",
-                    "--no-access-log",
-                ],
-                cwd=ROOT,
-                env=env,
-            )
-        )
-        wait_for(f"http://127.0.0.1:{port}/health/ready", 120)
-        url = f"http://127.0.0.1:{port}/v1/recommend"
-        users = user_ids(root)
-        asyncio.run(load(url, users, 4, 200, args.k))  # warm-up
-        alone = asyncio.run(load(url, users, 1, args.single_requests, args.k))
-        loaded = asyncio.run(load(url, users, args.concurrency, args.requests, args.k))
-        stage_sum = sum(alone["stage_p50_ms"].values())
-        return {
-            "catalog": name,
-            "items": int(np.load(sorted((root / "releases").glob("*/item_ids.npy"))[-1]).shape[0]),
-            "concurrency": args.concurrency,
-            "triton_protocol": args.protocol,
-            "embedding_rows": args.embedding_rows,
-            "k": args.k,
-            "candidates": 300,
-            **{k: loaded[k] for k in ("p50_ms", "p99_ms", "rps", "errors", "degraded")},
-            "stage_p50_ms": loaded["stage_p50_ms"],
-            "alone_p50_ms": alone["p50_ms"],
-            "alone_stage_p50_ms": alone["stage_p50_ms"],
-            "overhead_ratio": round(alone["p50_ms"] / stage_sum, 2) if stage_sum else None,
-        }
-    finally:
-        for process in reversed(stack):
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-        if triton is not None:
-            triton.stop()
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """The module docstring as written, and every option's default."""
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=__doc__,
+        formatter_class=HelpFormatter,
     )
-    parser.add_argument("--catalogs", nargs="+", choices=list(CATALOGS), default=list(CATALOGS))
-    parser.add_argument("--concurrency", type=int, default=50)
-    parser.add_argument(
-        "--requests", type=int, default=3000, help="requests at the fixed concurrency"
-    )
-    parser.add_argument(
-        "--single-requests", type=int, default=300, help="requests at concurrency 1"
-    )
+    parser.add_argument("--catalogs", nargs="+", choices=list(CATALOGS), default=["synthetic"])
+    parser.add_argument("--configs", nargs="+", choices=CONFIGS, default=list(CONFIGS))
+    parser.add_argument("--slo-ms", type=float, default=50.0, help="p99 latency objective")
     parser.add_argument("--k", type=int, default=20)
     parser.add_argument("--workers", type=int, default=1, help="gateway (uvicorn) processes")
+    parser.add_argument("--cpu-rate", type=float, default=120.0, help="rate of the CPU probe")
+    parser.add_argument("--cpu-s", type=float, default=10.0, help="seconds of the CPU probe")
+    parser.add_argument("--start-rate", type=float, default=60.0, help="first rate searched")
+    parser.add_argument("--step", type=float, default=1.5, help="step-up factor of the search")
+    parser.add_argument("--bisections", type=int, default=4, help="bisection probes at most")
+    parser.add_argument("--probe-s", type=float, default=8.0, help="seconds per search probe")
+    parser.add_argument("--search-s", type=float, default=150.0, help="time budget per search")
+    parser.add_argument("--floor-requests", type=int, default=1000, help="floor loop length")
+    parser.add_argument(
+        "--protocol", choices=["http", "grpc"], default="http", help="full stack: to Triton"
+    )
+    parser.add_argument(
+        "--query-tower",
+        choices=["gateway", "triton"],
+        default="gateway",
+        help="full stack: where the query tower runs (CASCADE_TRITON__QUERY_TOWER)",
+    )
     parser.add_argument(
         "--embedding-rows",
-        choices=["cache", "memory"],
-        default="cache",
-        help="the ranker's DLRM rows: device/host/Redis cache (default) or whole tables in memory",
+        choices=list(EMBEDDING_ROWS),
+        default="auto",
+        help="full stack: the ranker's DLRM rows in memory when they fit the budget, else "
+        "through the cache (auto, the default settings); always the cache; always in memory",
     )
-    parser.add_argument("--protocol", choices=["http", "grpc"], default="grpc", help="to Triton")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="short probes (3 s), 2 bisections, 40 s per search, 300 floor requests",
+    )
     args = parser.parse_args()
-    runs = [run_catalog(name, args) for name in args.catalogs]
-    for run in runs:
-        print(
-            f"{run['catalog']:>9} ({run['items']:,} items): "
-            f"p50 {run['p50_ms']} ms  p99 {run['p99_ms']} ms  "
-            f"{run['rps']} req/s  errors {run['errors']}  overhead {run['overhead_ratio']}x  "
-            f"stages alone {run['alone_stage_p50_ms']}"
-        )
-    main_run = runs[-1]
+    if args.quick:
+        args.probe_s, args.cpu_s, args.bisections = 3.0, 4.0, 2
+        args.search_s, args.floor_requests = 40.0, 300
+    catalogs = [run_catalog(name, args) for name in args.catalogs]
+    for catalog in catalogs:
+        for config, run in catalog["runs"].items():
+            log(
+                f"{catalog['catalog']:>9} {config:>8}: {run['slo_rate_rps']:7.1f} req/s at p99 <= "
+                f"{args.slo_ms:g} ms; {run['cpu_ms_per_request']['servers_total']:.2f} CPU-ms/req "
+                f"= {catalog['cpu_to_floor_ratio'][config]}x the floor "
+                f"({catalog['floor_cpu_ms_per_request']}); load generator "
+                f"{run['cpu_ms_per_request']['load_generator']} CPU-ms/req (excluded)"
+            )
+    main_catalog = catalogs[-1]
     result = {
         "benchmark": "serving",
-        **{
-            k: main_run[k]
-            for k in (
-                "catalog",
-                "p50_ms",
-                "p99_ms",
-                "rps",
-                "errors",
-                "overhead_ratio",
-                "stage_p50_ms",
-            )
+        "catalog": main_catalog["catalog"],
+        "slo_ms": args.slo_ms,
+        "slo_rate_rps": {c: r["slo_rate_rps"] for c, r in main_catalog["runs"].items()},
+        "cpu_ms_per_request": {
+            c: r["cpu_ms_per_request"]["servers_total"] for c, r in main_catalog["runs"].items()
         },
-        "runs": runs,
+        "cpu_ms_per_request_by_process": {
+            c: r["cpu_ms_per_request"] for c, r in main_catalog["runs"].items()
+        },
+        "floor_cpu_ms_per_request": main_catalog["floor_cpu_ms_per_request"],
+        "cpu_to_floor_ratio": main_catalog["cpu_to_floor_ratio"],
+        "catalogs": catalogs,
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "serving.json").write_text(json.dumps(result, indent=2))
-    print(json.dumps(result))
+    print(json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":

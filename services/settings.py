@@ -40,6 +40,12 @@ class TritonSettings(BaseModel):
 
     url: str | None = Field(None, description="host:port of Triton; unset = in-process models.")
     protocol: Literal["http", "grpc"] = Field("http", description="Triton client protocol.")
+    query_tower: Literal["gateway", "triton"] = Field(
+        "gateway",
+        description="Where the query tower runs when Triton is configured: gateway = the "
+        "same exported ONNX in this process (no round trip; measured cheaper), triton = on "
+        "the server. The ranker always runs on Triton.",
+    )
     timeout_ms: float = Field(
         40.0,
         gt=0,
@@ -58,6 +64,13 @@ class EmbeddingCacheSettings(BaseModel):
     (rows written by ``cascade materialize``), else whole tables in memory."""
 
     enabled: bool = Field(True, description="false = whole tables in memory even with Redis.")
+    in_memory_max_mb: float = Field(
+        256.0,
+        ge=0,
+        description="A model version whose tables (rows x dim x 4 bytes, all tables) fit in "
+        "this many MiB is served from plain in-process arrays, without cache tiers; bigger "
+        "ones go through the cache. 0 = always the cache.",
+    )
     redis_url: str | None = Field(
         None, description="Backing Redis of the cache; unset = the online store's redis.url."
     )

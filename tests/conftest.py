@@ -13,6 +13,10 @@ from pipelines.data.synthetic import make_synthetic
 # The shared test Redis does not persist (nor does CI's): gateways in tests accept that, except
 # in the tests of that refusal, which set FeedbackSettings(require_durable=True) themselves.
 os.environ.setdefault("CASCADE_FEEDBACK__REQUIRE_DURABLE", "false")
+# The test exports' tables are tiny: served through the embedding cache all the same (as
+# tables over the in-memory budget are), so that the cache tests exercise it; the tests of
+# the choice by size set the budget themselves.
+os.environ.setdefault("CASCADE_EMBEDDING_CACHE__IN_MEMORY_MAX_MB", "0")
 
 
 @pytest.fixture(scope="session")

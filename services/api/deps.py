@@ -9,7 +9,9 @@ from fastapi import Depends, Request
 from services.gateway import Gateway
 
 
-def get_gateway(request: Request) -> Gateway:
+async def get_gateway(request: Request) -> Gateway:
+    """The app's gateway. ``async`` so FastAPI calls it on the event loop: a plain ``def``
+    dependency is sent through the thread pool on every request."""
     gateway: Gateway = request.app.state.gateway
     return gateway
 

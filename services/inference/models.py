@@ -14,7 +14,12 @@ import onnxruntime as ort
 from pipelines.errors import ArtifactError
 from pipelines.export.verify import verify_model_directory
 from pipelines.models.gbm import TreeRanker, tree_features
-from services.inference.embeddings import EmbeddingLookup, InMemoryTables, read_table_spec
+from services.inference.embeddings import (
+    EmbeddingLookup,
+    InMemoryTables,
+    TableSpec,
+    read_table_spec,
+)
 
 if TYPE_CHECKING:
     from services.settings import Settings
@@ -52,9 +57,16 @@ class QueryTowerModel:
         return self.session.run(None, feeds)[0]
 
 
+def tables_mib(spec: TableSpec) -> float:
+    """Memory of all the tables' rows as float32, in MiB."""
+    return sum(spec.rows.values()) * spec.dim * 4 / 2**20
+
+
 def embeddings_for(directory: Path, settings: Settings | None = None) -> EmbeddingLookup:
-    """The ranker's embedding rows: the hierarchical cache when a Redis is configured (and
-    the cache is enabled), else the whole tables in memory.
+    """The ranker's embedding rows: the whole tables in memory when they fit the configured
+    budget (``embedding_cache.in_memory_max_mb``: a plain array lookup costs far less than
+    the cache's tiers), when the cache is disabled or no Redis is configured; else the
+    hierarchical cache.
 
     Raises ``ArtifactError`` when Redis answers but does not hold every row of this model
     version (run ``cascade materialize``). When Redis does not answer, the cache is still
@@ -65,14 +77,22 @@ def embeddings_for(directory: Path, settings: Settings | None = None) -> Embeddi
     settings = settings or Settings()
     config = settings.embedding_cache
     url = config.redis_url or settings.redis.url
-    if not config.enabled or not url:
+    spec = read_table_spec(directory / "embeddings")
+    if not config.enabled or not url or tables_mib(spec) <= config.in_memory_max_mb:
+        if config.enabled and url:
+            log.info(
+                "embedding rows of %s: %.1f MiB fit embedding_cache.in_memory_max_mb (%g): "
+                "served from memory, not through the cache",
+                directory,
+                tables_mib(spec),
+                config.in_memory_max_mb,
+            )
         return InMemoryTables.load(directory / "embeddings")
     import redis
 
     from services.embedding_cache.backing import RedisRows
     from services.embedding_cache.cache import CacheConfig, HierarchicalEmbeddingCache
 
-    spec = read_table_spec(directory / "embeddings")
     version = int(directory.name)
     backing = RedisRows(url, config.namespace, config.timeout_ms / 1000)
     try:
@@ -121,6 +141,8 @@ class RankingModel:
         self.session: ort.InferenceSession | None = None
         self.tree: TreeRanker | None = None
         self.dlrm_weight = 0.5
+        self.tables = 0  # sparse columns (one embedding table each), known after load()
+        self.dense_width = 0
 
     def load(self) -> None:
         """Verify the version directory against its manifest (dense part, tree, tables and
@@ -131,6 +153,8 @@ class RankingModel:
             raise ArtifactError(f"{blend_path} is missing")
         self.dlrm_weight = float(json.loads(blend_path.read_text())["dlrm_weight"])
         self.session = _session(self.directory / "dlrm_dense.onnx")
+        shapes = {i.name: i.shape for i in self.session.get_inputs()}
+        self.tables, self.dense_width = int(shapes["embedded"][1]), int(shapes["dense"][1])
         self.tree = TreeRanker.load(self.directory / "gbm.txt")
         if self.embeddings is None:
             self.embeddings = embeddings_for(self.directory, self.settings)
@@ -138,6 +162,18 @@ class RankingModel:
     def close(self) -> None:
         if self.embeddings is not None:
             self.embeddings.close()
+
+    def check_inputs(self, sparse: np.ndarray, dense: np.ndarray) -> None:
+        """Raise ``ValueError`` naming what is wrong unless ``sparse`` is ``[N, tables]``
+        integers and ``dense`` is ``[N, dense_width]`` numbers."""
+        if sparse.ndim != 2 or sparse.shape[1] != self.tables:
+            raise ValueError(f"sparse must be [N, {self.tables}], got {list(sparse.shape)}")
+        if dense.ndim != 2 or dense.shape[1] != self.dense_width:
+            raise ValueError(f"dense must be [N, {self.dense_width}], got {list(dense.shape)}")
+        if len(sparse) != len(dense):
+            raise ValueError(f"sparse has {len(sparse)} rows but dense has {len(dense)}")
+        if not np.issubdtype(sparse.dtype, np.integer):
+            raise ValueError(f"sparse must hold integer ids, got {sparse.dtype}")
 
     def score(self, sparse: np.ndarray, dense: np.ndarray) -> tuple[np.ndarray, bool]:
         """``sparse [N, T]`` int64, ``dense [N, D]`` float32 -> blended logits ``[N]`` float32,

@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 import torch  # at model load, not in the first request (it takes about a second)
 
+from services.inference.ranker_batch import Outcome, RankerInputs
+
 
 def output_tensor(tensor_type: Any, name: str, array: np.ndarray) -> Any:
     """``tensor_type.from_dlpack(name, ...)`` (``pb_utils.Tensor``) of ``array``, shared
@@ -27,3 +29,29 @@ def output_tensor(tensor_type: Any, name: str, array: np.ndarray) -> Any:
 def input_array(tensor: Any) -> np.ndarray:
     """A request's input tensor as numpy (the stub's capsule is consumed correctly)."""
     return np.from_dlpack(tensor)
+
+
+def ranker_inputs(pb_utils: Any, request: Any) -> RankerInputs | Exception:
+    """A ranker request's ``sparse``/``dense`` tensors, or the error reading them."""
+    try:
+        return RankerInputs(
+            input_array(pb_utils.get_input_tensor_by_name(request, "sparse")),
+            input_array(pb_utils.get_input_tensor_by_name(request, "dense")),
+        )
+    except Exception as error:
+        return error
+
+
+def ranker_response(pb_utils: Any, outcome: Outcome) -> Any:
+    """The ``InferenceResponse`` of one ranker request: scores and degraded flags ``[N, 1]``,
+    or the request's error (reported, never raised)."""
+    if isinstance(outcome, Exception):
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(outcome)))
+    score = outcome.scores.astype(np.float32).reshape(-1, 1)
+    flags = np.full_like(score, float(outcome.degraded))
+    return pb_utils.InferenceResponse(
+        [
+            output_tensor(pb_utils.Tensor, "score", score),
+            output_tensor(pb_utils.Tensor, "degraded", flags),
+        ]
+    )

@@ -15,11 +15,13 @@ from services.rules import Rules
 def apply_boosts(
     rules: Rules, release: Release, positions: np.ndarray, scores: np.ndarray, day: dt.date
 ) -> np.ndarray:
-    scores = scores.astype(np.float32).copy()
-    genres = np.char.add(np.char.add("|", release.genres[positions]), "|")
-    for boost in rules.boosts:
-        if not boost.active(day):
-            continue
+    """Scores after the boosts active on ``day``; the genre strings of the candidates are
+    built only when an active boost names genres (none at all without boosts)."""
+    scores = scores.astype(np.float32)  # a copy: the caller's array is left as it was
+    active = [boost for boost in rules.boosts if boost.active(day)]
+    if any(boost.genres for boost in active):
+        genres = np.char.add(np.char.add("|", release.genres[positions]), "|")
+    for boost in active:
         hit = np.isin(positions, release.positions(np.asarray(boost.item_ids, dtype=np.int64)))
         for genre in boost.genres:
             hit |= np.char.find(genres, f"|{genre}|") >= 0

@@ -234,7 +234,7 @@ def test_the_serving_path_refuses_a_version_redis_does_not_hold(
     settings = Settings(
         artifacts=exported,
         redis=RedisSettings(url=backing.url),
-        embedding_cache=EmbeddingCacheSettings(namespace=backing.namespace),
+        embedding_cache=EmbeddingCacheSettings(namespace=backing.namespace, in_memory_max_mb=0),
     )
     with pytest.raises(ArtifactError, match="cascade materialize"):
         embeddings_for(directory, settings)
@@ -246,6 +246,32 @@ def test_the_serving_path_refuses_a_version_redis_does_not_hold(
     cache.close()
     off = settings.model_copy(update={"embedding_cache": EmbeddingCacheSettings(enabled=False)})
     assert not isinstance(embeddings_for(directory, off), HierarchicalEmbeddingCache)
+
+
+def test_tables_within_the_memory_budget_skip_the_cache(exported: Path, backing: RedisRows) -> None:
+    from pipelines.errors import ArtifactError
+    from services.inference.embeddings import InMemoryTables, read_table_spec
+    from services.inference.models import embeddings_for, tables_mib
+    from services.settings import EmbeddingCacheSettings, RedisSettings, Settings
+
+    directory = exported / "model_repository" / "ranker" / "1"
+    size = tables_mib(read_table_spec(directory / "embeddings"))
+    assert 0 < size < 1
+
+    def chosen(budget_mib: float) -> object:
+        settings = Settings(
+            artifacts=exported,
+            redis=RedisSettings(url=backing.url),
+            embedding_cache=EmbeddingCacheSettings(
+                namespace=backing.namespace, in_memory_max_mb=budget_mib
+            ),
+        )
+        return embeddings_for(directory, settings)
+
+    # this version's rows are not in Redis: within the budget that does not matter
+    assert isinstance(chosen(size * 1.01), InMemoryTables)
+    with pytest.raises(ArtifactError, match="cascade materialize"):
+        chosen(size * 0.99)  # just over the budget: the cache, which needs Redis to hold them
 
 
 def test_a_failing_redis_opens_the_cache_breaker_then_a_probe_closes_it(

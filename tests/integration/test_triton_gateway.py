@@ -13,6 +13,7 @@ import redis
 from services.api.app import create_app
 from services.embedding_cache.backing import CLIENT_NAME, RedisRows
 from services.gateway import Gateway
+from services.inference.placement import PlacedBackend
 from services.local_redis import free_port
 from services.materialize import materialize, materialize_embeddings
 from services.settings import RedisSettings, Settings, TritonSettings
@@ -107,17 +108,26 @@ def _redis() -> RedisSettings:
     return RedisSettings(url=url, timeout_ms=200)
 
 
-@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize(
+    ("protocol", "query_tower"), [("http", "triton"), ("grpc", "triton"), ("grpc", "gateway")]
+)
 async def test_triton_with_the_embedding_cache_and_redis_answer_like_the_embedded_default(
-    exported: Path, triton: TritonServer, protocol: str
+    exported: Path, triton: TritonServer, protocol: str, query_tower: str
 ) -> None:
     port = triton.http_port if protocol == "http" else triton.grpc_port
     real = Settings(
         artifacts=exported,
         redis=_redis(),
-        triton=TritonSettings(url=f"127.0.0.1:{port}", protocol=protocol, timeout_ms=2000),
+        triton=TritonSettings(
+            url=f"127.0.0.1:{port}",
+            protocol=protocol,
+            timeout_ms=2000,
+            query_tower=query_tower,  # type: ignore[arg-type]
+        ),
     )
     async for http, gateway in _client(real):
+        placed = isinstance(gateway.backend, PlacedBackend)
+        assert placed == (query_tower == "gateway")
         await materialize(gateway.store, exported / "releases" / "1")
         served = [
             (await http.post("/v1/recommend", json={"user_id": u, "k": 10})).json()

@@ -1,18 +1,28 @@
-"""POST /v1/recommend."""
+"""POST /v1/recommend.
+
+The answer is serialised once, straight from the request context's arrays, and returned as
+a ready ``Response``: FastAPI then skips re-validating and re-serialising it through the
+response model, which still documents the body in the OpenAPI schema (and the API tests
+check every answer against it).
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+import json
+import math
+
+import numpy as np
+from fastapi import APIRouter, Response
 
 from services.api.deps import GatewayDep
-from services.api.schemas import ERROR_RESPONSES, RecommendRequest, RecommendResponse, ScoredItem
+from services.api.schemas import ERROR_RESPONSES, RecommendRequest, RecommendResponse
 from services.impressions import impression_record
 
 router = APIRouter()
 
 
 @router.post("/v1/recommend", response_model=RecommendResponse, responses=ERROR_RESPONSES)
-async def recommend(body: RecommendRequest, gateway: GatewayDep) -> RecommendResponse:
+async def recommend(body: RecommendRequest, gateway: GatewayDep) -> Response:
     ctx, release = await gateway.recommend(
         body.user_id, body.k, body.context, body.exclude, body.model_version
     )
@@ -30,19 +40,23 @@ async def recommend(body: RecommendRequest, gateway: GatewayDep) -> RecommendRes
             ),
             gateway.releases.keys(),
         )
-    ids = item_ids.tolist()
-    return RecommendResponse(
-        request_id=ctx.request_id,
-        user_id=ctx.user_id,
-        items=[
-            ScoredItem(item_id=i, score=s) for i, s in zip(ids, ctx.scores.tolist(), strict=True)
+    scores = ctx.scores.tolist()
+    if not np.isfinite(ctx.scores).all():  # as pydantic writes them: null, never a bare NaN
+        scores = [s if math.isfinite(s) else None for s in scores]
+    answer = {
+        "request_id": ctx.request_id,
+        "user_id": ctx.user_id,
+        "items": [
+            {"item_id": i, "score": s} for i, s in zip(item_ids.tolist(), scores, strict=True)
         ],
-        model_versions={
+        "model_versions": {
             "query_tower": ctx.model_version,
             "ranker": ctx.model_version,
             "release": ctx.model_version,
         },
-        degraded=ctx.degraded,
-        reasons=ctx.reasons,
-        timings_ms=ctx.timings_ms,
-    )
+        "degraded": ctx.degraded,
+        "reasons": ctx.reasons,
+        "timings_ms": ctx.timings_ms,
+    }
+    body_bytes = json.dumps(answer, separators=(",", ":"), allow_nan=False).encode()
+    return Response(body_bytes, media_type="application/json")

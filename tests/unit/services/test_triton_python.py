@@ -11,7 +11,13 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter
 
 from services.embedding_cache.triton_metrics import TritonMetricsMirror
-from services.inference.triton_python import input_array, output_tensor
+from services.inference.ranker_batch import RankerInputs, RankerOutputs
+from services.inference.triton_python import (
+    input_array,
+    output_tensor,
+    ranker_inputs,
+    ranker_response,
+)
 
 _set_name = ctypes.pythonapi.PyCapsule_SetName
 _set_name.argtypes = [ctypes.py_object, ctypes.c_char_p]
@@ -96,3 +102,39 @@ def test_the_mirror_sends_what_counters_gained_with_their_names_and_labels() -> 
     assert family.metrics[(("result", "hit"), ("tier", "device"))].value == 7
     assert family.metrics[(("result", "miss"), ("tier", "host"))].value == 1
     assert set(FakeFamily.created) == {"cascade_embedding_cache_lookups_total"}
+
+
+class FakeResponsePbUtils:
+    """The parts of ``pb_utils`` the ranker's adapter uses."""
+
+    class TritonError:
+        def __init__(self, message: str) -> None:
+            self.message = message
+
+    class InferenceResponse:
+        def __init__(self, tensors: list | None = None, error: Any = None) -> None:
+            self.tensors, self.error = tensors or [], error
+
+    Tensor = StubTensor
+
+    @staticmethod
+    def get_input_tensor_by_name(request: dict, name: str) -> np.ndarray:
+        return request[name]
+
+
+def test_ranker_inputs_are_read_or_their_error_returned() -> None:
+    sparse, dense = np.ones((2, 3), np.int64), np.zeros((2, 4), np.float32)
+    read = ranker_inputs(FakeResponsePbUtils, {"sparse": sparse, "dense": dense})
+    assert isinstance(read, RankerInputs)
+    np.testing.assert_array_equal(read.sparse, sparse)
+    missing = ranker_inputs(FakeResponsePbUtils, {"sparse": sparse})
+    assert isinstance(missing, KeyError)
+
+
+def test_a_ranker_response_carries_scores_and_flags_or_the_error() -> None:
+    ok = ranker_response(FakeResponsePbUtils, RankerOutputs(np.arange(3, dtype=np.float32), True))
+    assert ok.error is None and [t.name for t in ok.tensors] == ["score", "degraded"]
+    np.testing.assert_array_equal(ok.tensors[0].data, np.arange(3, dtype=np.float32)[:, None])
+    np.testing.assert_array_equal(ok.tensors[1].data, np.ones((3, 1), np.float32))
+    failed = ranker_response(FakeResponsePbUtils, ValueError("dense must be [N, 26]"))
+    assert failed.tensors == [] and failed.error.message == "dense must be [N, 26]"

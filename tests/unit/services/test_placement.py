@@ -1,0 +1,116 @@
+"""Model placement: the query tower in the gateway, the ranker elsewhere; chosen by settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from services.gateway import make_backend
+from services.inference.backends import QUERY_TOWER, InferenceBackend, LocalBackend
+from services.inference.placement import PlacedBackend
+from services.inference.triton import TritonBackend
+from services.settings import Settings, TritonSettings
+
+
+class RecordingRanker(InferenceBackend):
+    """A ranker backend that records calls and can refuse versions."""
+
+    def __init__(self, refuse: set[int] | None = None) -> None:
+        self.calls: list[tuple] = []
+        self.refuse = refuse or set()
+
+    async def start(self, versions: list[int]) -> None:
+        self.calls.append(("start", list(versions)))
+
+    async def close(self) -> None:
+        self.calls.append(("close",))
+
+    async def serve_versions(self, versions: list[int]) -> None:
+        if self.refuse & set(versions):
+            raise RuntimeError(f"cannot load {sorted(self.refuse & set(versions))}")
+        self.calls.append(("serve", list(versions)))
+
+    async def encode_query(
+        self, version: int, user_features: np.ndarray, history: np.ndarray
+    ) -> np.ndarray:
+        raise AssertionError("the query tower must not run on the ranker's backend")
+
+    async def rank(
+        self, version: int, sparse: np.ndarray, dense: np.ndarray
+    ) -> tuple[np.ndarray, bool]:
+        self.calls.append(("rank", version, len(sparse)))
+        return np.zeros(len(sparse), np.float32), False
+
+
+def _inputs() -> tuple[np.ndarray, np.ndarray]:
+    return np.zeros((1, 5), np.int64), np.arange(20, dtype=np.int64).reshape(1, 20) % 7
+
+
+async def test_the_query_tower_runs_in_process_and_the_ranker_on_the_other_backend(
+    exported: Path,
+) -> None:
+    repository = exported / "model_repository"
+    ranker = RecordingRanker()
+    placed = PlacedBackend(LocalBackend(repository, models=(QUERY_TOWER,)), ranker)
+    everything = LocalBackend(repository)
+    await placed.start([1])
+    await everything.start([1])
+    try:
+        assert placed.query.ranker == {}  # no ranker (nor its embedding tables) in process
+        features, history = _inputs()
+        np.testing.assert_array_equal(
+            await placed.encode_query(1, features, history),
+            await everything.encode_query(1, features, history),
+        )
+        scores, degraded = await placed.rank(1, np.zeros((3, 10), np.int64), np.zeros((3, 26)))
+        assert len(scores) == 3 and not degraded
+        assert ranker.calls == [("start", [1]), ("rank", 1, 3)]
+    finally:
+        await placed.close()
+        await everything.close()
+    assert ranker.calls[-1] == ("close",) and placed.query.versions == set()
+
+
+async def test_a_version_the_ranker_refuses_changes_nothing_in_process(exported: Path) -> None:
+    placed = PlacedBackend(
+        LocalBackend(exported / "model_repository", models=(QUERY_TOWER,)),
+        RecordingRanker(refuse={2}),
+    )
+    await placed.start([1])
+    try:
+        with pytest.raises(RuntimeError, match=r"cannot load \[2\]"):
+            await placed.serve_versions([1, 2])
+        assert placed.query.versions == {1}
+        await placed.serve_versions([1])
+        assert placed.query.versions == {1}
+        await placed.serve_versions([])
+        assert placed.query.versions == set() and placed.query.query == {}
+    finally:
+        await placed.close()
+
+
+def test_an_unknown_model_is_refused_by_name(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown models \\['dlrm'\\]"):
+        LocalBackend(tmp_path, models=("dlrm",))
+
+
+def test_settings_choose_the_placement(tmp_path: Path) -> None:
+    url = "127.0.0.1:8001"
+    default = make_backend(Settings(artifacts=tmp_path, triton=TritonSettings(url=url)))
+    assert isinstance(default, PlacedBackend) and isinstance(default.ranker, TritonBackend)
+    assert default.query.models == (QUERY_TOWER,)
+    remote = make_backend(
+        Settings(artifacts=tmp_path, triton=TritonSettings(url=url, query_tower="triton"))
+    )
+    assert isinstance(remote, TritonBackend)
+    assert isinstance(make_backend(Settings(artifacts=tmp_path)), LocalBackend)
+
+
+def test_an_unknown_placement_is_a_settings_error_naming_the_field(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("CASCADE_TRITON__QUERY_TOWER", "gpu")
+    with pytest.raises(ValueError, match=r"triton\.query_tower"):
+        Settings()
