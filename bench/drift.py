@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import json
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -135,6 +136,12 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=30.0, help="simulated requests/s (30)")
     parser.add_argument("--shift-to", default="old", help="shifted population (default: old)")
     parser.add_argument("--artifacts", type=Path, help="reuse this export root (default: build)")
+    parser.add_argument(
+        "--report",
+        type=Path,
+        default=Path("bench/results/drift-report"),
+        help="where `cascade report` PNGs of both phases go (default: bench/results/drift-report)",
+    )
     args = parser.parse_args()
     window_s, for_, min_samples = (60.0, "30s", 300) if args.quick else (900.0, "10m", 1000)
     phase_s = args.phase_s or (180.0 if args.quick else 1500.0)
@@ -172,6 +179,7 @@ def main() -> int:
         queue = FileRetrainQueue(artifacts / "retrain" / "queue.json")
         watch = Watch(prometheus, queue, poll_s=2.0)
         watch.thread.start()
+        started = time.time()
         try:
             log(f"phase 1: stationary traffic for {phase_s:g} s")
             stationary = traffic(url, "all", phase_s, args.rate, seed=1)
@@ -183,6 +191,12 @@ def main() -> int:
             shifted = traffic(url, args.shift_to, phase_s, args.rate, seed=2)
             time.sleep(10)  # the last scrape, evaluation and notification
             shifted_psi = watch.psi("user_age")
+            report = subprocess.run(
+                [sys.executable, "-m", "services.cli", "report", "--prometheus", prometheus.url,
+                 "--minutes", f"{(time.time() - started) / 60 + 1:.1f}", "--out", str(args.report)],
+                capture_output=True, text=True, check=False,
+            )  # fmt: skip
+            log(f"cascade report: {report.stdout.strip() or report.stderr.strip()}")
         finally:
             watch.stop.set()
             watch.thread.join(10)

@@ -10,6 +10,7 @@ from services.monitoring.panels import Dashboard, Panel
 
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 WIDTH, HEIGHT, COLUMNS = 12, 8, 2  # Grafana's grid is 24 wide
+GRAFANA_UNITS = {"ratio": "none"}  # threshold units that are not Grafana unit ids
 
 
 def _threshold_override(panel: Panel, name: str) -> dict[str, Any]:
@@ -21,7 +22,7 @@ def _threshold_override(panel: Panel, name: str) -> dict[str, Any]:
     if panel.threshold_unit is not None:
         properties += [
             {"id": "custom.axisPlacement", "value": "right"},
-            {"id": "unit", "value": panel.threshold_unit},
+            {"id": "unit", "value": GRAFANA_UNITS.get(panel.threshold_unit, panel.threshold_unit)},
         ]
     return {"matcher": {"id": "byName", "options": name}, "properties": properties}
 

@@ -44,7 +44,7 @@ class Panel:
     description: str = ""
     needs: str = "gateway"  # what must be scraped for data: gateway, rollout (a controller's
     # --metrics-port or a following gateway), triton (its metrics port: the ranker's cache too)
-    threshold_unit: str | None = None  # thresholds in another unit: drawn on a second axis
+    threshold_unit: str | None = None  # thresholds in another unit (s, ratio): a second axis
 
 
 @dataclass(frozen=True)
@@ -179,6 +179,7 @@ MODELS = Dashboard(
                 ),
             ),
             unit="percentunit",
+            threshold_unit="ratio",
             thresholds=_threshold("ctr_vs_baseline_min_ratio", "CascadeCtrDrop"),
             description="The alert line is the version's CTR over the 6h before times the "
             "allowed ratio (drawn once 6h30m of history exist); the threshold series is the "
@@ -199,6 +200,7 @@ MODELS = Dashboard(
                 ),
             ),
             unit="percentunit",
+            threshold_unit="ratio",
             thresholds=_threshold("hit_rate_vs_baseline_min_ratio", "CascadeHitRateDrop"),
             description="As for CTR: the version's hit rate over the 6h before times the "
             "allowed ratio.",

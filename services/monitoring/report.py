@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,10 +55,13 @@ def query_range(
 
 
 def _legend(template: str, labels: dict[str, str]) -> str:
+    """Grafana's ``{{label}}`` legend filled in; a series without those labels (the ``or
+    vector(0)`` of a panel with nothing to count) is called "none"."""
     text = template or ", ".join(f"{k}={v}" for k, v in sorted(labels.items())) or "value"
     for key, value in labels.items():
         text = text.replace("{{" + key + "}}", value)
-    return text
+    text = re.sub(r"\{\{[^}]*\}\}", "", text).strip()
+    return text or "none"
 
 
 def panel_series(
@@ -91,16 +95,17 @@ def _draw_thresholds(
         target.set_ylabel(f"threshold ({panel.threshold_unit})", fontsize=8, color="red")
         target.tick_params(labelsize=7, colors="red")
         scale = 1.0
-    for threshold in panel.thresholds:
+    for index, threshold in enumerate(panel.thresholds):
         for result in query_range(client, threshold.series, start, end, step):
             points = [(float(t), float(v)) for t, v in result["values"]]
             if not points:
                 continue
             times, values = zip(*points, strict=True)
             target.plot([t - end for t in times], [v * scale for v in values], "r--", lw=1)
+            at = len(times) - 1 - index * len(times) // 3  # labels of equal lines side by side
             target.annotate(
-                f"{threshold.alert} {values[-1] * scale:g}",
-                (times[-1] - end, values[-1] * scale),
+                f"{threshold.alert} {values[at] * scale:g}",
+                (times[at] - end, values[at] * scale),
                 color="red",
                 fontsize=7,
                 ha="right",
