@@ -16,7 +16,7 @@ from pipelines.data.movielens import load_movielens_100k
 from pipelines.data.schema import RawDataset
 from pipelines.data.synthetic import make_synthetic
 from pipelines.errors import ArtifactError, ConfigError
-from pipelines.evaluation.popularity_check import enforce
+from pipelines.evaluation.popularity_check import enforce, with_override
 from pipelines.evaluation.report import write_report
 from pipelines.export.exporter import run_export
 from pipelines.prepare import prepare
@@ -104,18 +104,18 @@ def run_pipeline(
             )
         elif step == "retrieval":
             run_retrieval(workdir, config, log)
-            enforce(quality_checks(workdir))
+            enforce(with_override(quality_checks(workdir), config.allow_below_popularity))
         elif step == "ranking":
             run_ranking(workdir, config, log)
-            enforce(quality_checks(workdir))
+            enforce(with_override(quality_checks(workdir), config.allow_below_popularity))
         elif step == "export":
             info = _read_json(workdir / DATASET_INFO, "prepare")
             metrics = {
                 "retrieval": _read_json(workdir / "retrieval_result.json", "retrieval")["metrics"],
                 "ranking": _read_json(workdir / "ranking_result.json", "ranking")["metrics"],
             }
-            checks = quality_checks(workdir)
-            enforce(checks)  # a step run on its own is blocked too
+            checks = with_override(quality_checks(workdir), config.allow_below_popularity)
+            enforce(checks)  # the export step run on its own is blocked too
             manifest = run_export(
                 workdir, output, config, {**info, "metrics": metrics, "quality_checks": checks}
             )

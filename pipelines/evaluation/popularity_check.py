@@ -45,6 +45,12 @@ def describe(check: dict[str, Any]) -> str:
     )
 
 
+def with_override(checks: list[dict[str, Any]], allowed: bool) -> list[dict[str, Any]]:
+    """The checks with ``overridden`` set where one failed and ``allowed`` (an override
+    given to a later step, e.g. ``cascade train export --allow-below-popularity``)."""
+    return [{**c, "overridden": c["overridden"] or (allowed and not c["passed"])} for c in checks]
+
+
 def enforce(checks: list[dict[str, Any]]) -> None:
     """Raise ``BelowPopularityError`` naming every failed, non-overridden check."""
     failed = [c for c in checks if not c["passed"] and not c["overridden"]]

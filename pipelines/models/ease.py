@@ -9,6 +9,8 @@ items x items matrix, so it is trained only where the catalog allows.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 
@@ -23,8 +25,10 @@ def gram(pairs: np.ndarray, n_users: int, n_items: int) -> torch.Tensor:
     indices = torch.from_numpy(np.stack([keys // n_items, keys % n_items]))
     dtype = torch.float64 if n_items <= EXACT_ITEMS else torch.float32
     ones = torch.ones(len(keys), dtype=dtype)
-    x = torch.sparse_coo_tensor(indices, ones, (n_users, n_items)).coalesce()
-    return torch.sparse.mm(x.t().coalesce(), x).to_dense()
+    with warnings.catch_warnings():  # torch's "beta" notes on sparse tensors
+        warnings.simplefilter("ignore", UserWarning)
+        x = torch.sparse_coo_tensor(indices, ones, (n_users, n_items)).coalesce()
+        return torch.sparse.mm(x.t().coalesce(), x).to_dense()
 
 
 class EASE:

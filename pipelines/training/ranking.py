@@ -120,7 +120,7 @@ def run_ranking(
     """Train, evaluate and save DLRM, the tree ranker and the blend weight (``report``: one
     line per DLRM epoch and one for the trees)."""
     seed_everything(config.seed)
-    torch.set_num_threads(config.threads)
+    torch.set_num_threads(config.torch_threads)
     workflow = Workflow.load(workdir / "workflow")
     valid = ranking_inputs(workdir / "ranking_valid.parquet")
     test = ranking_inputs(workdir / "ranking_test.parquet")

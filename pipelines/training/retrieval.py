@@ -156,7 +156,7 @@ def run_retrieval(
 
     ``report`` gets one line per epoch (see ``train_epochs``)."""
     seed_everything(config.seed)
-    torch.set_num_threads(config.threads)
+    torch.set_num_threads(config.torch_threads)
     emit = report or print
     data = RetrievalData.load(workdir / "retrieval.npz")
     workflow = Workflow.load(workdir / "workflow")
