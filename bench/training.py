@@ -223,13 +223,15 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="5k x 20k x 300k, short phases")
     parser.add_argument("--seconds", type=float, default=30.0, help="budget of (a), (b), (c)")
     parser.add_argument("--naive-seconds", type=float, default=30.0, help="budget of (d)")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads")
+    parser.add_argument(
+        "--threads", type=int, default=TrainConfig().torch_threads, help="torch threads"
+    )
     args = parser.parse_args()
     if args.quick:
         args.users, args.items, args.interactions = 5_000, 20_000, 300_000
         args.seconds, args.naive_seconds = 5.0, 5.0
     torch.set_num_threads(args.threads)
-    config = TrainConfig(threads=args.threads)
+    config = TrainConfig(torch_threads=args.threads)
 
     with tempfile.TemporaryDirectory() as directory:
         workdir = Path(directory)

@@ -16,7 +16,7 @@ from pipelines.data.movielens import load_movielens_100k
 from pipelines.data.schema import RawDataset
 from pipelines.data.synthetic import make_synthetic
 from pipelines.errors import ArtifactError, ConfigError
-from pipelines.evaluation.popularity_check import enforce, with_override
+from pipelines.evaluation.popularity_check import enforce, recorded_checks, with_override
 from pipelines.evaluation.report import write_report
 from pipelines.export.exporter import run_export
 from pipelines.prepare import prepare
@@ -45,14 +45,7 @@ def split_for(raw: RawDataset, config: TrainConfig) -> Split:
 
 def quality_checks(workdir: Path) -> list[dict]:
     """The beats-popularity checks the training steps recorded (those present)."""
-    checks = []
-    for name in ("retrieval_result.json", "ranking_result.json"):
-        path = workdir / name
-        if path.is_file():
-            check = json.loads(path.read_text()).get("popularity_check")
-            if check is not None:
-                checks.append(check)
-    return checks
+    return recorded_checks({}, workdir)
 
 
 def _read_json(path: Path, produced_by: str) -> dict:

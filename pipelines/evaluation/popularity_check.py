@@ -8,11 +8,14 @@ same verdict the pipeline acted on.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from pipelines.errors import CascadeError
 
 OVERRIDE_OPTION = "--allow-below-popularity"
+RESULT_FILES = ("retrieval_result.json", "ranking_result.json")
 
 
 class BelowPopularityError(CascadeError):
@@ -60,3 +63,18 @@ def enforce(checks: list[dict[str, Any]]) -> None:
             + f". Export blocked: train longer or fix the model, or pass {OVERRIDE_OPTION} "
             "to export anyway (recorded in the manifest)."
         )
+
+
+def recorded_checks(manifest: dict[str, Any], workdir: Path | None = None) -> list[dict[str, Any]]:
+    """The checks a version was trained with: the manifest's ``quality_checks`` (written by
+    ``cascade train``), else those in ``workdir``'s step results (``cascade retrain``)."""
+    if "quality_checks" in manifest:
+        return list(manifest["quality_checks"])
+    checks = []
+    for name in RESULT_FILES if workdir is not None else ():
+        path = Path(workdir) / name  # type: ignore[arg-type]
+        if path.is_file():
+            check = json.loads(path.read_text()).get("popularity_check")
+            if check is not None:
+                checks.append(check)
+    return checks
