@@ -70,9 +70,11 @@ def recorded_checks(manifest: dict[str, Any], workdir: Path | None = None) -> li
     ``cascade train``), else those in ``workdir``'s step results (``cascade retrain``)."""
     if "quality_checks" in manifest:
         return list(manifest["quality_checks"])
+    if workdir is None:
+        return []
     checks = []
-    for name in RESULT_FILES if workdir is not None else ():
-        path = Path(workdir) / name  # type: ignore[arg-type]
+    for name in RESULT_FILES:
+        path = workdir / name
         if path.is_file():
             check = json.loads(path.read_text()).get("popularity_check")
             if check is not None:
