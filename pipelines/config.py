@@ -27,14 +27,19 @@ class TrainConfig(BaseModel):
         20, ge=1, le=500, description="Recent items fed to the query tower."
     )
     two_tower_epochs: int = Field(
-        25, ge=1, description="Most passes over the retrieval positives (early stopping)."
+        30, ge=1, description="Most passes over the retrieval positives (early stopping)."
     )
     two_tower_batch: int = Field(512, ge=2, description="In-batch softmax size.")
     two_tower_lr: float = Field(
         3e-3, gt=0, description="Adam learning rate of the two-tower model."
     )
     two_tower_dim: int = Field(64, ge=4, description="Output embedding size of both towers.")
-    temperature: float = Field(0.1, gt=0, description="Softmax temperature of the towers' cosine.")
+    temperature: float = Field(
+        0.2,
+        gt=0,
+        description="Softmax temperature of the towers' cosine (0.2 beat 0.1 and 0.3 on "
+        "MovieLens validation).",
+    )
     bpr_epochs: int = Field(60, ge=1, description="Most epochs of the BPR-MF baseline.")
     bpr_lr: float = Field(5e-3, gt=0, description="Adam learning rate of BPR-MF.")
     bpr_dim: int = Field(64, ge=2, description="Factor size of BPR-MF.")

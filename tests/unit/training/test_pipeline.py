@@ -119,8 +119,19 @@ def test_help_explains_every_option(capsys: pytest.CaptureFixture[str]) -> None:
         "--two-tower-epochs",
         "--dlrm-dim",
         "--seed",
+        "--patience",
+        "--eval-every",
+        "--valid-users",
+        "--split-protocol {global,per_user}",
+        "--allow-below-popularity, --no-allow-below-popularity",
     ):
         assert option in text
+
+
+def test_a_protocol_outside_the_choices_is_named(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["train", "--split-protocol", "weekly"])
+    assert "--split-protocol: invalid choice: 'weekly'" in capsys.readouterr().err
 
 
 def test_progress_is_one_line_per_epoch(run: tuple[Path, Path, str]) -> None:
