@@ -69,10 +69,10 @@ def two_tower_scores(model: TwoTower, data: RetrievalData) -> Callable[[np.ndarr
 class TwoTowerBatches:
     """The two-tower's training batches, gathered with a few whole-batch tensor ops.
 
-    Everything a batch needs is a dense tensor indexed by the batch's rows: the user's
-    features and history, the positive's features, dense features and log-Q. The history
-    holds the target item's ``item_id_idx`` at most once per row in the common case;
-    masking it (so the query never sees its own target) is one comparison.
+    Everything a batch needs is a row of a dense tensor indexed by the batch's positions: the
+    user's features and recent history, the positive's id-features, dense features and log-Q.
+    Hiding the target from the user's history (the query must not see what it predicts) is
+    one whole-batch comparison, no per-row Python.
     """
 
     def __init__(self, data: RetrievalData, batch: int, seed: int) -> None:
