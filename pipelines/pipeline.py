@@ -16,9 +16,11 @@ from pipelines.data.movielens import load_movielens_100k
 from pipelines.data.schema import RawDataset
 from pipelines.data.synthetic import make_synthetic
 from pipelines.errors import ArtifactError, ConfigError
+from pipelines.evaluation.popularity_check import enforce, recorded_checks, with_override
 from pipelines.evaluation.report import write_report
 from pipelines.export.exporter import run_export
 from pipelines.prepare import prepare
+from pipelines.split import Split, per_user_split, random_split
 from pipelines.training.ranking import run_ranking
 from pipelines.training.retrieval import run_retrieval
 
@@ -32,6 +34,18 @@ def load_dataset(name: str, seed: int, synthetic_size: tuple[int, int, int]) -> 
         users, items, interactions = synthetic_size
         return make_synthetic(users, items, interactions, seed=seed)
     raise ConfigError(f"unknown dataset {name!r}; choose movielens or synthetic")
+
+
+def split_for(raw: RawDataset, config: TrainConfig) -> Split:
+    """The split of ``config.split_protocol``."""
+    if config.split_protocol == "per_user":
+        return per_user_split(raw.interactions["user_id"].to_numpy(), config.seed)
+    return random_split(len(raw.interactions), config.seed)
+
+
+def quality_checks(workdir: Path) -> list[dict]:
+    """The beats-popularity checks the training steps recorded (those present)."""
+    return recorded_checks({}, workdir)
 
 
 def _read_json(path: Path, produced_by: str) -> dict:
@@ -65,21 +79,39 @@ def run_pipeline(
                 f"{raw.name}: {len(raw.users)} users, {len(raw.items)} items, "
                 f"{len(raw.interactions)} interactions"
             )
-            prepare(raw, workdir, seed=config.seed, history_length=config.history_length)
+            prepare(
+                raw,
+                workdir,
+                seed=config.seed,
+                history_length=config.history_length,
+                split=split_for(raw, config),
+            )
             (workdir / DATASET_INFO).write_text(
-                json.dumps({"dataset": raw.name, "data_hash": raw.content_hash()})
+                json.dumps(
+                    {
+                        "dataset": raw.name,
+                        "data_hash": raw.content_hash(),
+                        "split_protocol": config.split_protocol,
+                    }
+                )
             )
         elif step == "retrieval":
-            run_retrieval(workdir, config)
+            run_retrieval(workdir, config, log)
+            enforce(with_override(quality_checks(workdir), config.allow_below_popularity))
         elif step == "ranking":
-            run_ranking(workdir, config)
+            run_ranking(workdir, config, log)
+            enforce(with_override(quality_checks(workdir), config.allow_below_popularity))
         elif step == "export":
             info = _read_json(workdir / DATASET_INFO, "prepare")
             metrics = {
                 "retrieval": _read_json(workdir / "retrieval_result.json", "retrieval")["metrics"],
                 "ranking": _read_json(workdir / "ranking_result.json", "ranking")["metrics"],
             }
-            manifest = run_export(workdir, output, config, {**info, "metrics": metrics})
+            checks = with_override(quality_checks(workdir), config.allow_below_popularity)
+            enforce(checks)  # the export step run on its own is blocked too
+            manifest = run_export(
+                workdir, output, config, {**info, "metrics": metrics, "quality_checks": checks}
+            )
             log(f"exported {manifest.parent}")
         timings[step] = round(time.perf_counter() - started, 2)
     info = _read_json(workdir / DATASET_INFO, "prepare")

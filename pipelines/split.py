@@ -1,6 +1,8 @@
 """Splits of all interactions into train / valid / test, shared by every model.
 
-``random_split`` is the evaluation protocol of ``cascade train`` (random 8:1:1);
+``random_split`` is the default evaluation protocol of ``cascade train`` (random 8:1:1 of all
+interactions); ``per_user_split`` cuts each user's interactions 8:1:1 at random
+(``--split-protocol per_user``);
 ``time_split`` is what ``cascade retrain`` uses: the oldest rows train, the next window
 validates (early stopping, blend weight), the most recent window is the test set (the
 validation gate's holdout), so a candidate is judged on traffic newer than all it learnt from.
@@ -51,6 +53,36 @@ def random_split(
         train=np.sort(order[:n_train]),
         valid=np.sort(order[n_train : n_train + n_valid]),
         test=np.sort(order[n_train + n_valid :]),
+    )
+
+
+def per_user_split(
+    user_ids: np.ndarray, seed: int, fractions: tuple[float, float, float] = (0.8, 0.1, 0.1)
+) -> Split:
+    """Random ``fractions`` of each user's rows (the per-user protocol of most published
+    MovieLens results): a user with n rows gets ``round(0.1 n)`` (at least one when n >= 3)
+    in validation and in test, so every such user is evaluated."""
+    _check_fractions(fractions)
+    users = np.asarray(user_ids)
+    rng = np.random.default_rng(seed)
+    order = np.lexsort((rng.random(len(users)), users))  # each user's rows, randomly ordered
+    sorted_users = users[order]
+    starts = np.r_[0, np.flatnonzero(sorted_users[1:] != sorted_users[:-1]) + 1]
+    counts = np.diff(np.r_[starts, len(users)])
+    rank = np.arange(len(users)) - np.repeat(starts, counts)  # position within the user
+    n = np.repeat(counts, counts)
+    n_valid = np.round(fractions[1] * n).astype(np.int64)
+    n_test = np.round(fractions[2] * n).astype(np.int64)
+    enough = n >= 3
+    n_valid = np.where(enough & (fractions[1] > 0), np.maximum(n_valid, 1), n_valid)
+    n_test = np.where(enough & (fractions[2] > 0), np.maximum(n_test, 1), n_test)
+    in_test = rank < n_test
+    in_valid = ~in_test & (rank < n_test + n_valid)
+    in_train = ~in_test & ~in_valid
+    return Split(
+        train=np.sort(order[in_train]),
+        valid=np.sort(order[in_valid]),
+        test=np.sort(order[in_test]),
     )
 
 

@@ -27,6 +27,8 @@ from services.redact import redact_text, redact_url
 
 def _option_type(annotation: Any) -> Any:
     """The scalar type of a field annotation (``int | None`` -> ``int``)."""
+    if typing.get_origin(annotation) is typing.Literal:
+        return annotation
     options = [a for a in typing.get_args(annotation) if a is not type(None)]
     return options[0] if options else annotation
 
@@ -34,12 +36,18 @@ def _option_type(annotation: Any) -> Any:
 def _add_config_options(parser: argparse.ArgumentParser) -> None:
     """One ``--option`` per TrainConfig field, with the field's description as help."""
     for name, field in TrainConfig.model_fields.items():
+        kind = _option_type(field.annotation)
+        extra: dict[str, Any] = {"type": kind}
+        if kind is bool:  # --flag / --no-flag
+            extra = {"action": argparse.BooleanOptionalAction}
+        elif typing.get_origin(kind) is typing.Literal:
+            extra = {"type": str, "choices": list(typing.get_args(kind))}
         parser.add_argument(
             f"--{name.replace('_', '-')}",
             dest=name,
-            type=_option_type(field.annotation),
             default=None,
             help=f"{field.description or ''} (default: {field.default})",
+            **extra,
         )
 
 

@@ -7,6 +7,7 @@ from collections.abc import Callable
 import numpy as np
 
 KS = (10, 20)
+SCORES_PER_CHUNK = 1 << 25  # users x items scored at once (128 MB of float32)
 
 
 def group_positives(pairs: np.ndarray, n_users: int) -> list[np.ndarray]:
@@ -72,9 +73,11 @@ def per_user_retrieval(
     k_max = max(ks)
     discounts = 1.0 / np.log2(np.arange(2, k_max + 2))
     out = {f"{m}@{k}": np.zeros(len(users)) for k in ks for m in ("recall", "ndcg")}
-    for start in range(0, len(users), batch):  # batch x n_items scores in memory at a time
-        chunk = users[start : start + batch]
+    start, block = 0, 1  # the first block (one user) tells the catalog's width
+    while start < len(users):  # at most SCORES_PER_CHUNK users x items scores at a time
+        chunk = users[start : start + block]
         scores = np.array(score_users(chunk), dtype=np.float32, copy=True)
+        block = max(1, min(batch, SCORES_PER_CHUNK // max(scores.shape[1], 1)))
         for row, u in enumerate(chunk):
             scores[row, seen[u]] = -np.inf
         top_k = min(k_max, scores.shape[1] - 1)
@@ -89,6 +92,7 @@ def per_user_retrieval(
                 out[f"ndcg@{k}"][start + row] = (
                     hits[:k] * discounts[: len(hits[:k])]
                 ).sum() / ideal
+        start += len(chunk)
     return out
 
 

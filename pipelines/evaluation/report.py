@@ -20,17 +20,18 @@ def _curves_plot(curves: dict[str, list[dict[str, float]]], path: Path) -> None:
             continue
         x_key = "epoch" if "epoch" in records[0] else "round"
         x = [r[x_key] for r in records]
-        keys = [k for k in records[0] if k != x_key]
-        losses = [k for k in keys if "loss" in k]
+        keys = list(dict.fromkeys(k for r in records for k in r if k not in (x_key, "best")))
+        losses = [k for k in keys if "loss" in k and not k.startswith("valid_")]
         metrics = [k for k in keys if k not in losses]
         for key in losses:
-            axis.plot(x, [r[key] for r in records], label=key)
+            axis.plot(x, [r.get(key, float("nan")) for r in records], label=key)
         axis.set_ylabel("loss")
         handles, labels = axis.get_legend_handles_labels()
         if metrics:
             right = axis.twinx()
-            for key in metrics:
-                right.plot(x, [r[key] for r in records], label=key, color="tab:orange")
+            for key in metrics:  # validated epochs only (validation may skip epochs)
+                points = [(r[x_key], r[key]) for r in records if key in r]
+                right.plot(*zip(*points, strict=True), marker=".", label=key)
             right.set_ylabel("validation metric")
             more_handles, more_labels = right.get_legend_handles_labels()
             handles, labels = handles + more_handles, labels + more_labels
@@ -83,14 +84,20 @@ def write_report(
         directory / plots["retrieval_metrics"],
     )
     _table_plot("Ranking (test)", ranking["metrics"], directory / plots["ranking_metrics"])
+    metrics = retrieval["metrics"]
+    baselines = [m for m in metrics if m != "two_tower"]
     report = {
         **info,
         "retrieval": {
-            "metrics": retrieval["metrics"],
-            "two_tower_over_popularity": lift_over(retrieval["metrics"], "two_tower", "popularity"),
-            "two_tower_over_bpr_mf": lift_over(retrieval["metrics"], "two_tower", "bpr_mf"),
+            "metrics": metrics,
+            "valid_metrics": retrieval.get("valid_metrics", {}),
+            **{f"two_tower_over_{b}": lift_over(metrics, "two_tower", b) for b in baselines},
+            "baselines": retrieval.get("baselines", {}),
         },
         "ranking": {"metrics": ranking["metrics"], "blend_weight": ranking["blend_weight"]},
+        "quality_checks": [
+            r["popularity_check"] for r in (retrieval, ranking) if "popularity_check" in r
+        ],
         "curves": {"retrieval": retrieval["curves"], "ranking": ranking["curves"]},
         "plots": plots,
     }

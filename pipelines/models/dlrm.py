@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from pipelines.errors import ConfigError
+from pipelines.models.embedding import embedding
 from pipelines.models.two_tower import _mlp
 
 FLOAT32_BYTES = 4
@@ -55,7 +56,7 @@ class DLRM(nn.Module):
                 f"embedding dim {dim} is not a multiple of 16 bytes of float32 "
                 "(use a multiple of 4)"
             )
-        tables = [nn.Embedding(n, dim, sparse=True) for n in cardinalities]
+        tables = [embedding(n, dim) for n in cardinalities]
         for table in tables:
             nn.init.uniform_(table.weight, -0.05, 0.05)
         self.tables = nn.ModuleList(tables)

@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pipelines.models.embedding import embedding
+
 
 def _mlp(sizes: list[int]) -> nn.Sequential:
     layers: list[nn.Module] = []
@@ -36,10 +38,8 @@ class QueryTower(nn.Module):
         out_dim: int = 64,
     ) -> None:
         super().__init__()
-        self.features = nn.ModuleList(
-            nn.Embedding(n, feature_dim, sparse=True) for n in cardinalities
-        )
-        self.history = nn.Embedding(n_items, history_dim, padding_idx=0, sparse=True)
+        self.features = nn.ModuleList(embedding(n, feature_dim) for n in cardinalities)
+        self.history = embedding(n_items, history_dim, padding_idx=0)
         self.mlp = _mlp([feature_dim * len(cardinalities) + history_dim, hidden, out_dim])
 
     def forward(self, user_features: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
@@ -61,9 +61,7 @@ class ItemTower(nn.Module):
         out_dim: int = 64,
     ) -> None:
         super().__init__()
-        self.features = nn.ModuleList(
-            nn.Embedding(n, feature_dim, sparse=True) for n in cardinalities
-        )
+        self.features = nn.ModuleList(embedding(n, feature_dim) for n in cardinalities)
         self.dense = nn.Linear(n_dense, feature_dim)
         self.mlp = _mlp([feature_dim * (len(cardinalities) + 1), hidden, out_dim])
 

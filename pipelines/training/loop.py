@@ -1,4 +1,8 @@
-"""The shared training loop: seeds, device, mixed precision on GPU, progress bars."""
+"""The shared training loop: seeds, device, mixed precision, early stopping, progress.
+
+Progress: a live bar per epoch only when stderr is a terminal; otherwise (a log file, CI, a
+pipe) nothing per batch, and always one summary line per epoch.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import copy
 import random
 import sys
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -24,34 +29,36 @@ def device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def train_epochs(
-    model: torch.nn.Module,
-    epoch_batches: Callable[[int], Iterable[tuple[Any, ...]]],
-    loss_fn: Callable[..., torch.Tensor],
-    epochs: int,
-    lr: float,
-    name: str,
-    weight_decay: float = 0.0,
-    after_epoch: Callable[[int], dict[str, float]] | None = None,
-    keep_best: str | None = None,
-    batches_per_epoch: int | None = None,
-    quiet: bool = False,
-    report: Callable[[str], None] | None = None,
-) -> list[dict[str, float]]:
-    """Train ``model`` over ``epoch_batches(epoch)``; one record per epoch (mean loss + extras).
+@dataclass(frozen=True)
+class EarlyStopping:
+    """Validation schedule and model selection.
 
-    Embedding tables with sparse gradients (``nn.Embedding(sparse=True)``) are updated by
-    SparseAdam, only in the rows a batch touched (a million-row table costs what the batch
-    uses); every other parameter by Adam.
-
-    ``keep_best=metric`` restores, at the end, the model's weights from the epoch with the
-    highest ``metric`` among ``after_epoch``'s outputs (early stopping's choice).
-    On a GPU the forward pass runs under bfloat16 autocast (mixed precision).
-
-    ``report`` receives the one-line summary of each epoch instead of ``tqdm.write`` (a job
-    logging its progress); with it, the progress bar is shown only on a terminal.
+    Attributes:
+        validate: epoch index -> validation metrics (higher is better for ``monitor``).
+        monitor: the metric that selects the epoch whose weights are kept.
+        patience: stop after this many validations without improvement (None: never stop).
+        every: validate every ``every`` epochs (and always after the last one).
     """
-    best_value, best_state = -float("inf"), None
+
+    validate: Callable[[int], dict[str, float]]
+    monitor: str
+    patience: int | None = None
+    every: int = 1
+
+
+def show_bar(quiet: bool) -> bool:
+    """A live progress bar only on a terminal (no carriage-return redraws in logs)."""
+    return not quiet and sys.stderr.isatty()
+
+
+def best_record(history: list[dict[str, float]], monitor: str) -> dict[str, float] | None:
+    """The epoch record with the highest ``monitor`` (the first on ties), if any was validated."""
+    scored = [r for r in history if monitor in r]
+    return max(scored, key=lambda r: r[monitor]) if scored else None
+
+
+def make_optimizers(model: torch.nn.Module, lr: float, weight_decay: float) -> list[Any]:
+    """Adam for dense parameters, SparseAdam for sparse embedding tables."""
     sparse = [m.weight for m in model.modules() if isinstance(m, torch.nn.Embedding) and m.sparse]
     sparse_ids = {id(p) for p in sparse}
     dense = [p for p in model.parameters() if id(p) not in sparse_ids]
@@ -60,8 +67,42 @@ def train_epochs(
         optimizers.append(torch.optim.Adam(dense, lr=lr, weight_decay=weight_decay))
     if sparse:
         optimizers.append(torch.optim.SparseAdam(sparse, lr=lr))
+    return optimizers
+
+
+def train_epochs(
+    model: torch.nn.Module,
+    epoch_batches: Callable[[int], Iterable[tuple[Any, ...]]],
+    loss_fn: Callable[..., torch.Tensor],
+    epochs: int,
+    lr: float,
+    name: str,
+    weight_decay: float = 0.0,
+    stopping: EarlyStopping | None = None,
+    batches_per_epoch: int | None = None,
+    quiet: bool = False,
+    report: Callable[[str], None] | None = None,
+) -> list[dict[str, float]]:
+    """Train ``model`` over ``epoch_batches(epoch)``; one record per epoch (mean loss + extras).
+
+    Embedding tables with sparse gradients (``nn.Embedding(sparse=True)``) are updated by
+    SparseAdam, only in the rows a batch touched (a million-row table costs what the batch
+    uses); every other parameter by Adam. On a GPU the forward pass runs under bfloat16
+    autocast (mixed precision).
+
+    With ``stopping``, the model is validated on its schedule, training stops once
+    ``patience`` validations in a row did not improve ``monitor``, and the weights of the
+    best validated epoch are restored at the end (keep-best). The record of that epoch has
+    ``best = 1``.
+
+    ``report`` receives the one-line summary of each epoch (default: print); ``quiet``
+    silences both the lines and the bar.
+    """
+    optimizers = make_optimizers(model, lr, weight_decay)
     use_amp = torch.cuda.is_available()
+    emit = report or print
     history: list[dict[str, float]] = []
+    best_value, best_state, best_index, stale = -float("inf"), None, -1, 0
     for epoch in range(epochs):
         total, count = 0.0, 0
         bar = tqdm(
@@ -69,10 +110,11 @@ def train_epochs(
             desc=f"{name} epoch {epoch + 1}/{epochs}",
             leave=False,
             total=batches_per_epoch,
-            disable=quiet or (report is not None and not sys.stderr.isatty()),
+            disable=not show_bar(quiet),
             unit="batch",
             mininterval=0.5,
         )
+        running = torch.zeros(())
         for batch in bar:
             with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_amp):
                 loss = loss_fn(*batch)
@@ -81,19 +123,32 @@ def train_epochs(
             loss.backward()
             for optimizer in optimizers:
                 optimizer.step()
-            total += float(loss.detach())
+            running += loss.detach().float().cpu()
             count += 1
-            bar.set_postfix(loss=f"{total / count:.4f}")
-        record = {"epoch": epoch + 1, "loss": total / max(count, 1)}
-        if after_epoch is not None:
-            record.update(after_epoch(epoch))
+            if not bar.disable:
+                bar.set_postfix(loss=f"{float(running) / count:.4f}", refresh=False)
+        total = float(running)
+        record: dict[str, float] = {"epoch": epoch + 1, "loss": total / max(count, 1)}
+        last = epoch == epochs - 1
+        if stopping is not None and ((epoch + 1) % stopping.every == 0 or last):
+            record.update(stopping.validate(epoch))
+            if record[stopping.monitor] > best_value:
+                best_value, best_index, stale = record[stopping.monitor], len(history), 0
+                best_state = copy.deepcopy(model.state_dict())
+            else:
+                stale += 1
         history.append(record)
-        if keep_best is not None and record[keep_best] > best_value:
-            best_value = record[keep_best]
-            best_state = copy.deepcopy(model.state_dict())
-        if not quiet or report is not None:
-            extras = " ".join(f"{k}={v:.4f}" for k, v in record.items() if k not in ("epoch",))
-            (report or tqdm.write)(f"{name} epoch {epoch + 1}/{epochs}: {extras}")
+        if not quiet:
+            extras = " ".join(f"{k}={v:.4f}" for k, v in record.items() if k != "epoch")
+            emit(f"{name} epoch {epoch + 1}/{epochs}: {extras}")
+        if stopping is not None and stopping.patience is not None and stale >= stopping.patience:
+            if not quiet:
+                emit(
+                    f"{name}: stopped early after epoch {epoch + 1} ({stopping.patience} "
+                    f"validations without a better {stopping.monitor})"
+                )
+            break
     if best_state is not None:
         model.load_state_dict(best_state)
+        history[best_index]["best"] = 1.0
     return history

@@ -15,12 +15,20 @@ import torch.nn.functional as F
 from pipelines.config import TrainConfig
 from pipelines.dataloader import ParquetBatchLoader
 from pipelines.evaluation.metrics import auc, logloss, sigmoid
-from pipelines.features.spec import DENSE, GENRES, LABEL, SPARSE_COLUMNS, cardinality
+from pipelines.evaluation.popularity_check import describe, popularity_check
+from pipelines.features.spec import (
+    DENSE,
+    DENSE_INPUTS,
+    GENRES,
+    LABEL,
+    SPARSE_COLUMNS,
+    cardinality,
+)
 from pipelines.features.workflow import Workflow
 from pipelines.models.dlrm import DLRM
 from pipelines.models.gbm import TreeRanker, tree_features
 from pipelines.storage import column_names, read_columns
-from pipelines.training.loop import seed_everything, train_epochs
+from pipelines.training.loop import EarlyStopping, seed_everything, train_epochs
 
 GROUPS = {"sparse": list(SPARSE_COLUMNS), "dense": [DENSE, GENRES], "label": [LABEL]}
 
@@ -71,7 +79,11 @@ def train_dlrm(
         return F.binary_cross_entropy_with_logits(logits.float(), batch["label"][:, 0])
 
     def validate(_: int) -> dict[str, float]:
-        return {"valid_auc": auc(valid["label"], dlrm_logits(model, valid))}
+        logits = dlrm_logits(model, valid)
+        return {
+            "valid_auc": auc(valid["label"], logits),
+            "valid_logloss": logloss(valid["label"], sigmoid(logits)),
+        }
 
     return train_epochs(
         model,
@@ -80,11 +92,15 @@ def train_dlrm(
         config.dlrm_epochs,
         config.dlrm_lr,
         "dlrm",
-        after_epoch=validate,
-        keep_best="valid_auc",
+        stopping=EarlyStopping(validate, "valid_auc", config.patience),
         batches_per_epoch=len(loader),
         report=report,
     )
+
+
+def popularity_logits(inputs: dict[str, np.ndarray]) -> np.ndarray:
+    """The popularity ranker: the item's (standardised) training count as its score."""
+    return inputs["dense"][:, DENSE_INPUTS.index("item_id_idx_count")].astype(np.float64)
 
 
 def fit_blend_weight(labels: np.ndarray, dlrm: np.ndarray, tree: np.ndarray) -> float:
@@ -104,7 +120,7 @@ def run_ranking(
     """Train, evaluate and save DLRM, the tree ranker and the blend weight (``report``: one
     line per DLRM epoch and one for the trees)."""
     seed_everything(config.seed)
-    torch.set_num_threads(config.threads)
+    torch.set_num_threads(config.torch_threads)
     workflow = Workflow.load(workdir / "workflow")
     valid = ranking_inputs(workdir / "ranking_valid.parquet")
     test = ranking_inputs(workdir / "ranking_test.parquet")
@@ -125,11 +141,20 @@ def run_ranking(
         rounds=config.gbm_rounds,
         threads=config.threads,
     )
-    if report is not None:
-        report(
-            f"gbm: {len(tree_curve['valid'])} rounds, valid_logloss={tree_curve['valid'][-1]:.4f}"
-        )
-    weight = fit_blend_weight(valid["label"], dlrm_logits(model, valid), tree.logits(valid_x))
+    (report or print)(
+        f"gbm: {len(tree_curve['valid'])} rounds, valid_logloss={tree_curve['valid'][-1]:.4f}"
+    )
+    valid_dlrm, valid_tree = dlrm_logits(model, valid), tree.logits(valid_x)
+    weight = fit_blend_weight(valid["label"], valid_dlrm, valid_tree)
+    check = popularity_check(
+        "ranker",
+        auc(valid["label"], weight * valid_dlrm + (1 - weight) * valid_tree),
+        "popularity",
+        auc(valid["label"], popularity_logits(valid)),
+        "auc",
+        config.allow_below_popularity,
+    )
+    (report or print)(describe(check))
 
     test_dlrm, test_tree = dlrm_logits(model, test), tree.logits(tree_features(test)[0])
     result = {
@@ -139,6 +164,7 @@ def run_ranking(
             "blend": _scores(test["label"], weight * test_dlrm + (1 - weight) * test_tree),
         },
         "blend_weight": weight,
+        "popularity_check": check,
         "curves": {
             "dlrm": dlrm_curve,
             "gbm": [

@@ -1,5 +1,6 @@
-"""Retrieval step: train the two-tower model and the BPR-MF baseline, evaluate both and the
-popularity baseline with full ranking, and save the models and item embeddings."""
+"""Retrieval step: train the two-tower model and the baselines (popularity, BPR-MF, EASE),
+select each on validation, evaluate all with full ranking on test, check that the two-tower
+beats popularity on validation, and save the models and item embeddings."""
 
 from __future__ import annotations
 
@@ -12,13 +13,21 @@ import numpy as np
 import torch
 
 from pipelines.config import TrainConfig
-from pipelines.evaluation.metrics import retrieval_metrics
+from pipelines.evaluation.popularity_check import describe, popularity_check
+from pipelines.evaluation.protocol import evaluate_split
 from pipelines.features.spec import ITEM_TOWER_COLUMNS, USER_TOWER_COLUMNS, cardinality
 from pipelines.features.workflow import Workflow
-from pipelines.models.bpr import BPRMF
 from pipelines.models.two_tower import ItemTower, QueryTower, TwoTower
 from pipelines.prepare import RetrievalData
-from pipelines.training.loop import seed_everything, train_epochs
+from pipelines.training.baselines import (
+    SELECTION_METRIC,
+    bpr_scores,
+    popularity,
+    popularity_scores,
+    train_bpr,
+    train_ease,
+)
+from pipelines.training.loop import EarlyStopping, seed_everything, train_epochs
 
 
 def build_two_tower(workflow: Workflow, n_item_dense: int, config: TrainConfig) -> TwoTower:
@@ -33,10 +42,6 @@ def build_two_tower(workflow: Workflow, n_item_dense: int, config: TrainConfig) 
         out_dim=config.two_tower_dim,
     )
     return TwoTower(query, item, temperature=config.temperature)
-
-
-def _batches(n: int, size: int, generator: torch.Generator) -> list[torch.Tensor]:
-    return list(torch.randperm(n, generator=generator).split(size))
 
 
 @torch.no_grad()
@@ -55,152 +60,134 @@ def user_embeddings(model: TwoTower, data: RetrievalData, users: np.ndarray) -> 
     ).numpy()
 
 
+def two_tower_scores(model: TwoTower, data: RetrievalData) -> Callable[[np.ndarray], np.ndarray]:
+    """Scores over the whole catalog (item embeddings computed once)."""
+    items = item_embeddings(model, data)
+    return lambda users: user_embeddings(model, data, users) @ items.T
+
+
+class TwoTowerBatches:
+    """The two-tower's training batches, gathered with a few whole-batch tensor ops.
+
+    Everything a batch needs is a row of a dense tensor indexed by the batch's positions: the
+    user's features and recent history, the positive's id-features, dense features and log-Q.
+    Hiding the target from the user's history (the query must not see what it predicts) is
+    one whole-batch comparison, no per-row Python.
+    """
+
+    def __init__(self, data: RetrievalData, batch: int, seed: int) -> None:
+        self.pairs = torch.from_numpy(data.positives["train"])
+        self.user_features = torch.from_numpy(data.user_features)
+        self.history = torch.from_numpy(data.history)
+        self.item_features = torch.from_numpy(data.item_features)
+        self.item_dense = torch.from_numpy(data.item_dense)
+        self.log_q = torch.from_numpy(data.item_log_q)
+        self.item_idx = self.item_features[:, 0]
+        self.batch = batch
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __len__(self) -> int:
+        return -(-len(self.pairs) // self.batch)
+
+    def gather(self, rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        users, items = self.pairs[rows, 0], self.pairs[rows, 1]
+        recent = self.history[users]
+        recent = recent.masked_fill(recent == self.item_idx[items][:, None], 0)
+        return (
+            self.user_features[users],
+            recent,
+            self.item_features[items],
+            self.item_dense[items],
+            items,
+            self.log_q[items],
+        )
+
+    def epoch(self, _: int) -> Any:
+        order = torch.randperm(len(self.pairs), generator=self.generator)
+        return (self.gather(rows) for rows in order.split(self.batch))
+
+
 def train_two_tower(
     model: TwoTower,
     data: RetrievalData,
     config: TrainConfig,
     report: Callable[[str], None] | None = None,
+    quiet: bool = False,
 ) -> list[dict[str, float]]:
-    pairs = torch.from_numpy(data.positives["train"])
-    user_features, history = torch.from_numpy(data.user_features), torch.from_numpy(data.history)
-    item_features, item_dense = (
-        torch.from_numpy(data.item_features),
-        torch.from_numpy(data.item_dense),
-    )
-    log_q = torch.from_numpy(data.item_log_q)
-    item_idx = item_features[:, 0]
-    generator = torch.Generator().manual_seed(config.seed)
+    """Train with early stopping and keep-best on validation NDCG@10 (sampled users)."""
+    batches = TwoTowerBatches(data, config.two_tower_batch, config.seed)
 
-    def loss(rows: torch.Tensor) -> torch.Tensor:
-        model.train()
-        users, items = pairs[rows, 0], pairs[rows, 1]
-        recent = history[users]
-        recent = recent.masked_fill(recent == item_idx[items][:, None], 0)  # never see the target
-        return model.loss(
-            user_features[users],
-            recent,
-            item_features[items],
-            item_dense[items],
-            items,
-            log_q[items],
-        )
+    def loss(*batch: torch.Tensor) -> torch.Tensor:
+        return model.loss(*batch)
 
     def validate(_: int) -> dict[str, float]:
-        return {
-            "valid_recall@20": evaluate_two_tower(model, data, "valid", config.eval_users)[
-                "recall@20"
-            ]
-        }
+        metrics = evaluate_split(two_tower_scores(model, data), data, "valid", config.valid_users)
+        model.train()
+        return {f"valid_{SELECTION_METRIC}": metrics[SELECTION_METRIC]}
 
+    model.train()
     return train_epochs(
         model,
-        lambda _: ((b,) for b in _batches(len(pairs), config.two_tower_batch, generator)),
+        batches.epoch,
         loss,
         config.two_tower_epochs,
         config.two_tower_lr,
         "two-tower",
-        after_epoch=validate,
-        keep_best="valid_recall@20",
-        batches_per_epoch=-(-len(pairs) // config.two_tower_batch),
+        stopping=EarlyStopping(
+            validate, f"valid_{SELECTION_METRIC}", config.patience, config.eval_every
+        ),
+        batches_per_epoch=len(batches),
         report=report,
+        quiet=quiet,
     )
-
-
-def _seen(data: RetrievalData, split: str) -> np.ndarray:
-    parts = ["train"] if split == "valid" else ["train", "valid"]
-    return np.concatenate([data.positives[p] for p in parts])
 
 
 def evaluate_two_tower(
     model: TwoTower, data: RetrievalData, split: str = "test", max_users: int | None = None
 ) -> dict[str, float]:
-    items = item_embeddings(model, data)
-    return retrieval_metrics(
-        lambda users: user_embeddings(model, data, users) @ items.T,
-        data.positives[split],
-        _seen(data, split),
-        len(data.user_ids),
-        max_users=max_users,
-    )
-
-
-def train_bpr(
-    data: RetrievalData, config: TrainConfig, report: Callable[[str], None] | None = None
-) -> tuple[BPRMF, list[dict[str, float]]]:
-    model = BPRMF(len(data.user_ids), len(data.item_ids))
-    pairs = torch.from_numpy(data.positives["train"])
-    generator = torch.Generator().manual_seed(config.seed)
-
-    def loss(rows: torch.Tensor) -> torch.Tensor:
-        negatives = torch.randint(0, len(data.item_ids), (len(rows),), generator=generator)
-        return model.loss(pairs[rows, 0], pairs[rows, 1], negatives)
-
-    curve = train_epochs(
-        model,
-        lambda _: ((b,) for b in _batches(len(pairs), 1024, generator)),
-        loss,
-        config.bpr_epochs,
-        config.bpr_lr,
-        "bpr-mf",
-        batches_per_epoch=-(-len(pairs) // 1024),
-        report=report,
-    )
-    return model, curve
-
-
-@torch.no_grad()
-def evaluate_bpr(
-    model: BPRMF, data: RetrievalData, split: str = "test", max_users: int | None = None
-) -> dict[str, float]:
-    items = model.items.weight.numpy()
-    return retrieval_metrics(
-        lambda users: model.users.weight.numpy()[users] @ items.T,
-        data.positives[split],
-        _seen(data, split),
-        len(data.user_ids),
-        max_users=max_users,
-    )
-
-
-def popularity(data: RetrievalData) -> np.ndarray:
-    """Training-positive counts per catalog item."""
-    return np.bincount(data.positives["train"][:, 1], minlength=len(data.item_ids)).astype(
-        np.float32
-    )
-
-
-def evaluate_popularity(
-    data: RetrievalData, split: str = "test", max_users: int | None = None
-) -> dict[str, float]:
-    counts = popularity(data)
-    return retrieval_metrics(
-        lambda users: np.broadcast_to(counts, (len(users), len(counts))),
-        data.positives[split],
-        _seen(data, split),
-        len(data.user_ids),
-        max_users=max_users,
-    )
+    return evaluate_split(two_tower_scores(model, data), data, split, max_users)
 
 
 def run_retrieval(
     workdir: Path, config: TrainConfig, report: Callable[[str], None] | None = None
 ) -> dict[str, Any]:
-    """Train, evaluate and save; returns metrics and training curves (also saved as JSON).
+    """Train, evaluate and save; returns metrics, validation metrics, the popularity check
+    and training curves (also saved as ``retrieval_result.json``).
 
     ``report`` gets one line per epoch (see ``train_epochs``)."""
     seed_everything(config.seed)
-    torch.set_num_threads(config.threads)
+    torch.set_num_threads(config.torch_threads)
+    emit = report or print
     data = RetrievalData.load(workdir / "retrieval.npz")
     workflow = Workflow.load(workdir / "workflow")
     model = build_two_tower(workflow, data.item_dense.shape[1], config)
     two_tower_curve = train_two_tower(model, data, config, report)
     bpr, bpr_curve = train_bpr(data, config, report)
+    ease, ease_info = train_ease(data, config, report)
+    scorers = {
+        "two_tower": two_tower_scores(model, data),
+        "bpr_mf": bpr_scores(bpr),
+        "popularity": popularity_scores(data),
+    }
+    if ease is not None:
+        scorers["ease"] = ease.scores
+    valid = {n: evaluate_split(s, data, "valid", config.valid_users) for n, s in scorers.items()}
+    check = popularity_check(
+        "two_tower",
+        valid["two_tower"][SELECTION_METRIC],
+        "popularity",
+        valid["popularity"][SELECTION_METRIC],
+        SELECTION_METRIC,
+        config.allow_below_popularity,
+    )
+    emit(describe(check))
     result = {
         "metrics": {
-            "two_tower": evaluate_two_tower(model, data, max_users=config.eval_users),
-            "bpr_mf": evaluate_bpr(bpr, data, max_users=config.eval_users),
-            "popularity": evaluate_popularity(data, max_users=config.eval_users),
+            n: evaluate_split(s, data, "test", config.eval_users) for n, s in scorers.items()
         },
+        "valid_metrics": valid,
+        "popularity_check": check,
+        "baselines": {"ease": ease_info},
         "curves": {"two_tower": two_tower_curve, "bpr_mf": bpr_curve},
     }
     models = workdir / "models"

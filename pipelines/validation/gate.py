@@ -27,6 +27,7 @@ import numpy as np
 from pipelines.config import TrainConfig
 from pipelines.errors import ArtifactError, ConfigError
 from pipelines.evaluation.metrics import auc, logloss, sigmoid
+from pipelines.evaluation.popularity_check import describe, recorded_checks
 from pipelines.validation import sanity
 from pipelines.validation.bootstrap import paired_ranking_metric, paired_user_metric
 from pipelines.validation.config import LOWER_IS_BETTER, GateConfig
@@ -241,6 +242,23 @@ def sanity_checks(
     return checks
 
 
+def training_checks(manifest: dict, workdir: Path | None) -> list[Check]:
+    """The beats-popularity checks recorded at training: a candidate whose two-tower (or
+    ranker) did not beat popularity on validation fails here too, even if it was exported
+    with the override (``--force`` registers it anyway, as for any failed check)."""
+    return [
+        Check(
+            f"training.{c['model']}_beats_{c['baseline']}",
+            c["value"],
+            c["baseline_value"],
+            c["passed"],
+            describe(c),
+            kind="sanity",
+        )
+        for c in recorded_checks(manifest, workdir)
+    ]
+
+
 def run_gate(
     root: Path,
     candidate: int,
@@ -295,6 +313,7 @@ def run_gate(
     version.load()
     try:
         scored = version.score(holdout, evals)
+        checks += training_checks(version.release.manifest, workdir)
         checks += floor_checks(scored, evals, config)
         if production is not None:
             report(f"gate: scoring production {production} on the same holdout")

@@ -31,7 +31,9 @@ slices:
   heavy_users: {min_users: 10, min_rows: 50, floors: {recall@10: 0.01}}
   long_tail_items: {min_users: 10, min_rows: 50, floors: {auc: 0.5}}
 non_inferiority:
-  margins: {recall@10: 0.25, ndcg@10: 0.25, auc: 0.02, logloss: 0.05}  # ~100 users: wide CIs
+  # ~100-200 users: wide CIs; NDCG@10 is lower (so relatively noisier) since the synthetic
+  # picks follow latent preferences instead of popularity alone
+  margins: {recall@10: 0.25, ndcg@10: 0.35, auc: 0.02, logloss: 0.05}
 sanity: {ann_queries: 100}
 """
 

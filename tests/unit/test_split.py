@@ -23,3 +23,39 @@ def test_seeded() -> None:
 def test_bad_fractions_are_rejected(fractions: tuple[float, ...]) -> None:
     with pytest.raises(ConfigError, match="split fractions"):
         random_split(10, 0, fractions)  # type: ignore[arg-type]
+
+
+def test_per_user_split_gives_every_user_with_three_rows_a_part_in_each() -> None:
+    from pipelines.split import per_user_split
+
+    rng = np.random.default_rng(0)
+    users = rng.integers(0, 200, 20_000)
+    users[:2] = 500  # a user with two rows: both go to training
+    split = per_user_split(users, seed=1)
+    together = np.concatenate([split.train, split.valid, split.test])
+    assert np.array_equal(np.sort(together), np.arange(len(users)))
+    counts = np.bincount(users)
+    for part, share in ((split.valid, 0.1), (split.test, 0.1)):
+        per_user = np.bincount(users[part], minlength=len(counts))
+        enough = counts >= 3
+        assert (per_user[enough] >= 1).all()
+        assert np.allclose(per_user[enough], np.maximum(np.round(share * counts[enough]), 1))
+    assert set(users[split.train]) >= {500} and 500 not in set(users[split.test])
+
+
+def test_per_user_split_is_seeded_and_random_within_users() -> None:
+    from pipelines.split import per_user_split
+
+    users = np.repeat(np.arange(50), 40)
+    a, b, c = per_user_split(users, 1), per_user_split(users, 1), per_user_split(users, 2)
+    assert np.array_equal(a.test, b.test) and not np.array_equal(a.test, c.test)
+    # not the first or last rows of each user: positions inside a user's run vary
+    positions = a.test % 40
+    assert len(np.unique(positions)) > 20
+
+
+def test_per_user_split_rejects_bad_fractions() -> None:
+    from pipelines.split import per_user_split
+
+    with pytest.raises(ConfigError, match="split fractions"):
+        per_user_split(np.zeros(10), 0, (0.5, 0.5, 0.5))

@@ -41,3 +41,28 @@ def test_item_popularity_is_heavy_tailed() -> None:
 def test_empty_sizes_are_rejected(sizes: tuple[int, int, int]) -> None:
     with pytest.raises(ConfigError, match="must all be >= 1"):
         make_synthetic(*sizes)
+
+
+def _mean_truth_affinity(strength: float) -> float:
+    data = make_synthetic(300, 2_000, 30_000, seed=3, preference_strength=strength)
+    assert data.truth is not None
+    pairs = data.interactions
+    return float(data.truth.affinity(pairs["user_id"], pairs["item_id"]).mean())
+
+
+def test_picks_follow_the_latent_preferences() -> None:
+    # without preference a pick's affinity averages 0; with it, users pick items they like
+    assert abs(_mean_truth_affinity(0.0)) < 0.05
+    assert _mean_truth_affinity(2.0) > 0.8
+
+
+def test_ratings_stay_mostly_positive_whatever_the_strength() -> None:
+    for strength in (0.0, 2.0):
+        data = make_synthetic(300, 2_000, 30_000, seed=3, preference_strength=strength)
+        assert 0.75 < float((data.interactions["rating"] >= 3).mean()) < 0.95
+
+
+@pytest.mark.parametrize("options", [{"preference_candidates": 0}, {"preference_strength": -1}])
+def test_bad_preference_options_are_rejected(options: dict[str, float]) -> None:
+    with pytest.raises(ConfigError, match="preference_"):
+        make_synthetic(10, 10, 10, **options)  # type: ignore[arg-type]

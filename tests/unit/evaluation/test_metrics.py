@@ -44,3 +44,25 @@ def test_auc_needs_both_classes() -> None:
 def test_logloss() -> None:
     assert logloss(np.array([1, 0]), np.array([0.8, 0.2])) == pytest.approx(-np.log(0.8))
     assert np.isfinite(logloss(np.array([1]), np.array([0.0])))
+
+
+def test_scores_are_computed_in_bounded_blocks_with_the_same_result(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import pipelines.evaluation.metrics as metrics_module
+
+    rng = np.random.default_rng(0)
+    table = rng.random((60, 50)).astype(np.float32)
+    test = np.stack([rng.integers(0, 60, 300), rng.integers(0, 50, 300)], axis=1)
+    seen = np.stack([rng.integers(0, 60, 300), rng.integers(0, 50, 300)], axis=1)
+    blocks: list[int] = []
+
+    def score(users: np.ndarray) -> np.ndarray:
+        blocks.append(len(users))
+        return table[users]
+
+    whole = metrics_module.retrieval_metrics(score, test, seen, 60)
+    blocks.clear()
+    monkeypatch.setattr(metrics_module, "SCORES_PER_CHUNK", 50 * 7)  # 7 users of 50 items
+    assert metrics_module.retrieval_metrics(score, test, seen, 60) == whole
+    assert blocks[0] == 1 and max(blocks) == 7

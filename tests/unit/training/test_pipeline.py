@@ -9,6 +9,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from pipelines.data.schema import RawDataset
 from pipelines.export.repository import latest_version, sha256
 from pipelines.features.workflow import Workflow
 from services.cli import main
@@ -31,6 +32,7 @@ FAST = [
     "--gbm-rounds",
     "20",
 ]
+HOPELESS = ["--two-tower-epochs", "1", "--two-tower-lr", "1e-9"]  # learns nothing
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +53,9 @@ def test_last_line_is_the_report_path(run: tuple[Path, Path, str]) -> None:
     last = printed.strip().splitlines()[-1]
     assert Path(last) == (work / "report" / "report.json").resolve()
     report = json.loads(Path(last).read_text())
-    assert set(report["retrieval"]["metrics"]) == {"two_tower", "bpr_mf", "popularity"}
+    assert set(report["retrieval"]["metrics"]) == {"two_tower", "bpr_mf", "popularity", "ease"}
+    assert [c["model"] for c in report["quality_checks"]] == ["two_tower", "ranker"]
+    assert all(c["passed"] and not c["overridden"] for c in report["quality_checks"])
     assert set(report["ranking"]["metrics"]) == {"dlrm", "gbm", "blend"}
     for name in report["plots"].values():
         assert (work / "report" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -63,6 +67,8 @@ def test_export_is_complete_and_consistent(run: tuple[Path, Path, str]) -> None:
     manifest = json.loads((out / "releases/1/manifest.json").read_text())
     assert manifest["dataset"].startswith("synthetic") and len(manifest["data_hash"]) == 16
     assert manifest["index"]["kind"] == "flat" and manifest["index"]["items"] == 400
+    assert [c["passed"] for c in manifest["quality_checks"]] == [True, True]
+    assert manifest["split_protocol"] == "global"
     for name, digest in manifest["files"].items():
         assert sha256(out / name) == digest
     tables = json.loads((out / "model_repository/ranker/1/embeddings/tables.json").read_text())
@@ -113,5 +119,54 @@ def test_help_explains_every_option(capsys: pytest.CaptureFixture[str]) -> None:
         "--two-tower-epochs",
         "--dlrm-dim",
         "--seed",
+        "--patience",
+        "--eval-every",
+        "--valid-users",
+        "--split-protocol {global,per_user}",
+        "--allow-below-popularity, --no-allow-below-popularity",
     ):
         assert option in text
+
+
+def test_a_protocol_outside_the_choices_is_named(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["train", "--split-protocol", "weekly"])
+    assert "--split-protocol: invalid choice: 'weekly'" in capsys.readouterr().err
+
+
+def test_progress_is_one_line_per_epoch(run: tuple[Path, Path, str]) -> None:
+    _, _, printed = run
+    epoch_lines = [line for line in printed.splitlines() if " epoch " in line]
+    assert 3 <= len(epoch_lines) <= 2 + 2 + 1  # two-tower, BPR-MF at most 2 each, DLRM 1
+    assert len(printed.splitlines()) < 60 and "\r" not in printed
+
+
+def test_a_two_tower_below_popularity_blocks_the_export_unless_overridden(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    work, out = tmp_path / "work", tmp_path / "out"
+    paths = ["--workdir", str(work), "--output", str(out)]
+    assert main(["train", *paths, *FAST, *HOPELESS]) == 2
+    error = capsys.readouterr().err
+    assert "two_tower does NOT beat popularity on valid ndcg@10" in error
+    assert "--allow-below-popularity" in error
+    assert not (out / "releases").exists() and not (work / "ranking_result.json").exists()
+    # the override, given to the remaining steps, lets it through and is recorded
+    assert main(["train", "ranking", "export", *paths, *FAST, "--allow-below-popularity"]) == 0
+    manifest = json.loads((out / "releases/1/manifest.json").read_text())
+    two_tower = manifest["quality_checks"][0]
+    assert two_tower["model"] == "two_tower" and not two_tower["passed"]
+    assert two_tower["overridden"]
+
+
+def test_the_split_follows_the_protocol(small_dataset: RawDataset) -> None:
+    from pipelines.config import TrainConfig
+    from pipelines.pipeline import split_for
+
+    users = small_dataset.interactions["user_id"].to_numpy()
+    per_user = split_for(small_dataset, TrainConfig(split_protocol="per_user"))
+    counts = np.bincount(users)
+    tested = np.bincount(users[per_user.test], minlength=len(counts))
+    assert (tested[counts >= 3] >= 1).all()  # every user is evaluated
+    global_split = split_for(small_dataset, TrainConfig())
+    assert len(global_split.test) == round(0.1 * len(users))

@@ -1,0 +1,275 @@
+"""Benchmark: end-to-end training throughput of DLRM and the two-tower, as the seeds measure it.
+
+On the synthetic generator (prepared by the project's own ETL), for each model, in one run:
+
+  (a) full    the training step fed by the project's loader (DLRM: ParquetBatchLoader over
+              the ranking parquet; two-tower: TwoTowerBatches over retrieval.npz)
+  (b) compute the same step on batches already in memory (loader cost excluded)
+  (c) loader  the project's loader alone, no model
+  (d) naive   a textbook PyTorch pipeline: a map-style Dataset returning one row per
+              ``__getitem__`` and a DataLoader collating them, training the same model
+
+Samples/s of each, the ratios (a)/(b) (target >= 0.9: the loader is not the bottleneck) and
+(a)/(d) (target >= 10), and the peak resident memory. (a), (b), (c) run for up to
+``--seconds`` each; (d), much slower, for up to ``--naive-seconds``. Prints a table, then one
+JSON object as its last line (also written to ``bench/results/training.json``).
+
+    python bench/training.py            # 200k users x 1M items x 10M interactions
+    python bench/training.py --quick    # 5k users x 20k items x 300k interactions
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset
+
+from pipelines.config import TrainConfig
+from pipelines.data.synthetic import make_synthetic
+from pipelines.dataloader import ParquetBatchLoader
+from pipelines.features.workflow import Workflow
+from pipelines.models.dlrm import DLRM
+from pipelines.prepare import RetrievalData, prepare
+from pipelines.training.loop import make_optimizers
+from pipelines.training.ranking import GROUPS, build_dlrm, ranking_inputs
+from pipelines.training.retrieval import TwoTowerBatches, build_two_tower
+
+Step = Callable[[Any], None]
+
+
+def _step(model: torch.nn.Module, loss_fn: Callable[[Any], torch.Tensor], lr: float) -> Step:
+    """One optimisation step, exactly as ``train_epochs`` does it."""
+    optimizers = make_optimizers(model, lr, 0.0)
+
+    def step(batch: Any) -> None:
+        loss = loss_fn(batch)
+        for optimizer in optimizers:
+            optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        for optimizer in optimizers:
+            optimizer.step()
+
+    return step
+
+
+WARMUP_BATCHES = 3
+REPEATS = 2  # each figure is the best of this many timed runs (shared, busy machines)
+
+
+def _rate(
+    batches: Iterable[Any], rows_of: Callable[[Any], int], step: Step | None, seconds: float
+) -> float:
+    """Samples/s over ``batches`` (each timed run stops after ``seconds``), running ``step``
+    on each; the first ``WARMUP_BATCHES`` are run but not timed; the best of ``REPEATS``."""
+    iterator = iter(batches)
+    for batch, _ in zip(iterator, range(WARMUP_BATCHES), strict=False):
+        if step is not None:
+            step(batch)
+    best = 0.0
+    for _ in range(REPEATS):
+        rows, started = 0, time.perf_counter()
+        for batch in iterator:
+            if step is not None:
+                step(batch)
+            rows += rows_of(batch)
+            if time.perf_counter() - started > seconds:
+                break
+        best = max(best, rows / (time.perf_counter() - started))
+    return best
+
+
+def _cycle(make: Callable[[], Iterable[Any]]) -> Iterator[Any]:
+    while True:
+        yield from make()
+
+
+# ----- DLRM ---------------------------------------------------------------------------------
+
+
+class DLRMRows(Dataset):
+    """One ranking row per ``__getitem__`` (the textbook pipeline)."""
+
+    def __init__(self, inputs: dict[str, np.ndarray]) -> None:
+        self.inputs = inputs
+
+    def __len__(self) -> int:
+        return len(self.inputs["label"])
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {
+            "sparse": torch.from_numpy(self.inputs["sparse"][i]),
+            "dense": torch.from_numpy(self.inputs["dense"][i]),
+            "label": torch.tensor([self.inputs["label"][i]]),
+        }
+
+
+def bench_dlrm(workdir: Path, config: TrainConfig, seconds: float, naive_s: float) -> dict:
+    workflow = Workflow.load(workdir / "workflow")
+    train = ranking_inputs(workdir / "ranking_train.parquet")
+    n_dense = train["dense"].shape[1]
+
+    def model_and_step() -> tuple[DLRM, Step]:
+        torch.manual_seed(config.seed)
+        model = build_dlrm(workflow, n_dense, config)
+        model.train()
+
+        def loss(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+            logits = model(batch["sparse"], batch["dense"].contiguous())
+            return F.binary_cross_entropy_with_logits(logits.float(), batch["label"][:, 0])
+
+        return model, _step(model, loss, config.dlrm_lr)
+
+    def loader() -> ParquetBatchLoader:
+        return ParquetBatchLoader(
+            [workdir / "ranking_train.parquet"],
+            GROUPS,
+            config.dlrm_batch,
+            dtypes={"sparse": torch.int64},
+            seed=config.seed,
+        )
+
+    def rows_of(batch: dict[str, torch.Tensor]) -> int:
+        return len(batch["label"])
+
+    batch_loader = loader()
+    full = _rate(_cycle(lambda: batch_loader), rows_of, model_and_step()[1], seconds)
+    resident = [
+        {k: v.clone() for k, v in b.items()} for b, _ in zip(loader(), range(256), strict=False)
+    ]
+    compute = _rate(_cycle(lambda: resident), rows_of, model_and_step()[1], seconds)
+    only_loader = loader()
+    loading = _rate(_cycle(lambda: only_loader), rows_of, None, seconds)
+    naive_loader = DataLoader(DLRMRows(train), batch_size=config.dlrm_batch, shuffle=True)
+    naive = _rate(_cycle(lambda: naive_loader), rows_of, model_and_step()[1], naive_s)
+    return {"rows": len(train["label"]), **_rates(full, compute, loading, naive)}
+
+
+# ----- two-tower ----------------------------------------------------------------------------
+
+
+class TwoTowerPairs(Dataset):
+    """One (user, positive) pair per ``__getitem__``, with the same inputs as TwoTowerBatches."""
+
+    def __init__(self, data: RetrievalData) -> None:
+        self.data = data
+        self.item_idx = data.item_features[:, 0]
+
+    def __len__(self) -> int:
+        return len(self.data.positives["train"])
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, ...]:
+        user, item = (int(x) for x in self.data.positives["train"][i])
+        recent = self.data.history[user].copy()
+        recent[recent == self.item_idx[item]] = 0
+        return (
+            torch.from_numpy(self.data.user_features[user]),
+            torch.from_numpy(recent),
+            torch.from_numpy(self.data.item_features[item]),
+            torch.from_numpy(self.data.item_dense[item]),
+            torch.tensor(item),
+            torch.tensor(self.data.item_log_q[item]),
+        )
+
+
+def bench_two_tower(workdir: Path, config: TrainConfig, seconds: float, naive_s: float) -> dict:
+    workflow = Workflow.load(workdir / "workflow")
+    data = RetrievalData.load(workdir / "retrieval.npz")
+
+    def model_and_step() -> Step:
+        torch.manual_seed(config.seed)
+        model = build_two_tower(workflow, data.item_dense.shape[1], config)
+        model.train()
+        return _step(model, lambda batch: model.loss(*batch), config.two_tower_lr)
+
+    def rows_of(batch: tuple[torch.Tensor, ...]) -> int:
+        return len(batch[0])
+
+    batches = TwoTowerBatches(data, config.two_tower_batch, config.seed)
+    full = _rate(_cycle(lambda: batches.epoch(0)), rows_of, model_and_step(), seconds)
+    resident = [b for b, _ in zip(batches.epoch(1), range(256), strict=False)]
+    compute = _rate(_cycle(lambda: resident), rows_of, model_and_step(), seconds)
+    loading = _rate(_cycle(lambda: batches.epoch(2)), rows_of, None, seconds)
+    naive_loader = DataLoader(
+        TwoTowerPairs(data), batch_size=config.two_tower_batch, shuffle=True, drop_last=True
+    )
+    naive = _rate(_cycle(lambda: naive_loader), rows_of, model_and_step(), naive_s)
+    return {"rows": len(data.positives["train"]), **_rates(full, compute, loading, naive)}
+
+
+def _rates(full: float, compute: float, loading: float, naive: float) -> dict:
+    return {
+        "full_samples_per_s": round(full),
+        "compute_only_samples_per_s": round(compute),
+        "loader_only_samples_per_s": round(loading),
+        "naive_samples_per_s": round(naive),
+        "full_over_compute": round(full / compute, 3),
+        "full_over_naive": round(full / naive, 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--users", type=int, default=200_000)
+    parser.add_argument("--items", type=int, default=1_000_000)
+    parser.add_argument("--interactions", type=int, default=10_000_000)
+    parser.add_argument("--quick", action="store_true", help="5k x 20k x 300k, short phases")
+    parser.add_argument("--seconds", type=float, default=30.0, help="budget of (a), (b), (c)")
+    parser.add_argument("--naive-seconds", type=float, default=30.0, help="budget of (d)")
+    parser.add_argument(
+        "--threads", type=int, default=TrainConfig().torch_threads, help="torch threads"
+    )
+    args = parser.parse_args()
+    if args.quick:
+        args.users, args.items, args.interactions = 5_000, 20_000, 300_000
+        args.seconds, args.naive_seconds = 5.0, 5.0
+    torch.set_num_threads(args.threads)
+    config = TrainConfig(torch_threads=args.threads)
+
+    with tempfile.TemporaryDirectory() as directory:
+        workdir = Path(directory)
+        started = time.perf_counter()
+        raw = make_synthetic(args.users, args.items, args.interactions, seed=0)
+        prepare(raw, workdir, seed=0, history_length=config.history_length)
+        del raw
+        prepare_s = time.perf_counter() - started
+        results = {
+            "dlrm": bench_dlrm(workdir, config, args.seconds, args.naive_seconds),
+            "two_tower": bench_two_tower(workdir, config, args.seconds, args.naive_seconds),
+        }
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    for name, r in results.items():
+        print(
+            f"{name:<9} full {r['full_samples_per_s']:>10,} /s  compute-only "
+            f"{r['compute_only_samples_per_s']:>10,} /s  loader-only "
+            f"{r['loader_only_samples_per_s']:>11,} /s  naive {r['naive_samples_per_s']:>8,} /s"
+            f"  (a)/(b)={r['full_over_compute']}  (a)/(d)={r['full_over_naive']}x"
+        )
+    record = {
+        "benchmark": "training",
+        "size": {"users": args.users, "items": args.items, "interactions": args.interactions},
+        "prepare_seconds": round(prepare_s, 1),
+        "threads": args.threads,
+        "batch": {"dlrm": config.dlrm_batch, "two_tower": config.two_tower_batch},
+        **results,
+        "peak_rss_mb": round(peak_mb),
+    }
+    out = Path(__file__).parent / "results"
+    out.mkdir(exist_ok=True)
+    (out / "training.json").write_text(json.dumps(record, indent=2))
+    print(json.dumps(record))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""The retrieval baselines, each trained as carefully as the two-tower: popularity, BPR-MF
+(negatives that are never the user's positives, N(0, 0.01) init, early stopping and
+keep-best on validation NDCG@10) and EASE (closed form, regularisation chosen on
+validation, when the catalog is small enough for an items x items matrix)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from pipelines.config import TrainConfig
+from pipelines.evaluation.protocol import evaluate_split
+from pipelines.models.bpr import BPRMF
+from pipelines.models.ease import EASE, gram
+from pipelines.prepare import RetrievalData
+from pipelines.training.loop import EarlyStopping, train_epochs
+
+SELECTION_METRIC = "ndcg@10"  # every retrieval model is selected on validation NDCG@10
+EASE_L2_GRID = (50.0, 200.0, 500.0, 1000.0)
+BPR_BATCH = 1024
+
+
+def popularity(data: RetrievalData) -> np.ndarray:
+    """Training-positive counts per catalog item."""
+    return np.bincount(data.positives["train"][:, 1], minlength=len(data.item_ids)).astype(
+        np.float32
+    )
+
+
+def popularity_scores(data: RetrievalData) -> Callable[[np.ndarray], np.ndarray]:
+    counts = popularity(data)
+    return lambda users: np.broadcast_to(counts, (len(users), len(counts)))
+
+
+class NegativeSampler:
+    """Uniform negatives that are not among the user's training positives.
+
+    Vectorised rejection: draw for the whole batch, look the (user, item) keys up in the
+    sorted keys of the positives, redraw only the collisions; a user who likes nearly every
+    item may keep a collision after ``rounds`` draws (counted in ``collisions``).
+    """
+
+    def __init__(
+        self, positives: np.ndarray, n_items: int, generator: torch.Generator, rounds: int = 20
+    ) -> None:
+        self.n_items = n_items
+        self.keys = torch.from_numpy(
+            np.unique(positives[:, 0].astype(np.int64) * n_items + positives[:, 1])
+        )
+        self.generator = generator
+        self.rounds = rounds
+        self.collisions = 0
+
+    def _is_positive(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+        keys = users * self.n_items + items
+        where = torch.searchsorted(self.keys, keys).clamp(max=len(self.keys) - 1)
+        return self.keys[where] == keys
+
+    def __call__(self, users: torch.Tensor) -> torch.Tensor:
+        items = torch.randint(0, self.n_items, (len(users),), generator=self.generator)
+        if len(self.keys) == 0:
+            return items
+        for _ in range(self.rounds):
+            bad = torch.nonzero(self._is_positive(users, items)).squeeze(1)
+            if len(bad) == 0:
+                return items
+            items[bad] = torch.randint(0, self.n_items, (len(bad),), generator=self.generator)
+        self.collisions += int(self._is_positive(users, items).sum())
+        return items
+
+
+def bpr_scores(model: BPRMF) -> Callable[[np.ndarray], np.ndarray]:
+    @torch.no_grad()
+    def score(users: np.ndarray) -> np.ndarray:
+        return (model.users.weight[torch.from_numpy(users)] @ model.items.weight.T).numpy()
+
+    return score
+
+
+def train_bpr(
+    data: RetrievalData, config: TrainConfig, report: Callable[[str], None] | None = None
+) -> tuple[BPRMF, list[dict[str, float]]]:
+    """BPR-MF with early stopping and keep-best on validation NDCG@10."""
+    model = BPRMF(len(data.user_ids), len(data.item_ids), dim=config.bpr_dim)
+    pairs = torch.from_numpy(data.positives["train"])
+    generator = torch.Generator().manual_seed(config.seed)
+    negatives = NegativeSampler(data.positives["train"], len(data.item_ids), generator)
+
+    def loss(rows: torch.Tensor) -> torch.Tensor:
+        users = pairs[rows, 0]
+        return model.loss(users, pairs[rows, 1], negatives(users), l2=config.bpr_l2)
+
+    def validate(_: int) -> dict[str, float]:
+        metrics = evaluate_split(bpr_scores(model), data, "valid", config.valid_users)
+        return {f"valid_{SELECTION_METRIC}": metrics[SELECTION_METRIC]}
+
+    curve = train_epochs(
+        model,
+        lambda _: ((b,) for b in torch.randperm(len(pairs), generator=generator).split(BPR_BATCH)),
+        loss,
+        config.bpr_epochs,
+        config.bpr_lr,
+        "bpr-mf",
+        stopping=EarlyStopping(
+            validate, f"valid_{SELECTION_METRIC}", config.patience, config.eval_every
+        ),
+        batches_per_epoch=-(-len(pairs) // BPR_BATCH),
+        report=report,
+    )
+    return model, curve
+
+
+def train_ease(
+    data: RetrievalData, config: TrainConfig, report: Callable[[str], None] | None = None
+) -> tuple[EASE | None, dict[str, Any]]:
+    """EASE with the L2 of ``EASE_L2_GRID`` that is best on validation NDCG@10, or None (and
+    the reason) when the catalog exceeds ``config.ease_max_items``."""
+    n_items = len(data.item_ids)
+    if n_items > config.ease_max_items:
+        reason = f"skipped: {n_items} items > ease_max_items={config.ease_max_items}"
+        (report or print)(f"ease: {reason}")
+        return None, {"skipped": reason}
+    train, n_users = data.positives["train"], len(data.user_ids)
+    matrix = gram(train, n_users, n_items)
+    best: tuple[float, EASE | None, float] = (-1.0, None, 0.0)
+    curve = []
+    for l2 in EASE_L2_GRID:
+        model = EASE.fit(matrix, l2, train, n_users)
+        value = evaluate_split(model.scores, data, "valid", config.valid_users)[SELECTION_METRIC]
+        curve.append({"l2": l2, f"valid_{SELECTION_METRIC}": value})
+        (report or print)(f"ease l2={l2:g}: valid_{SELECTION_METRIC}={value:.4f}")
+        if value > best[0]:
+            best = (value, model, l2)
+    return best[1], {"l2": best[2], "curve": curve}
