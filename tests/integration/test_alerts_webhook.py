@@ -12,18 +12,14 @@ nothing; a PSI over the threshold from too few samples raises no alert at all.
 from __future__ import annotations
 
 import shutil
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
-from services.api.app import create_app
-from services.api.server import server_config
 from services.local_redis import free_port
 from services.retrain_queue import FileRetrainQueue
 from services.settings import Settings
@@ -35,6 +31,7 @@ from tests.integration.monitoring_servers import (
     rules_for_tests,
     wait_until,
 )
+from tests.integration.served_app import served_app
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TOKEN = "e2e-admin-token"
@@ -78,16 +75,9 @@ def gateway(exported: Path, tmp_path: Path) -> Iterator[tuple[str, Path, Path]]:
     token_file = tmp_path / "admin-token"
     token_file.write_text(TOKEN + "\n")
     token_file.chmod(0o600)
-    port = free_port()
     settings = Settings(artifacts=artifacts, admin={"token_file": token_file})
-    server = uvicorn.Server(server_config(create_app(settings), "127.0.0.1", port, settings))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    wait_until(lambda: server.started or not thread.is_alive(), 60, "the gateway to start")
-    assert server.started, "the gateway did not start"
-    yield f"http://127.0.0.1:{port}", token_file, artifacts
-    server.should_exit = True
-    thread.join(15)
+    with served_app(settings) as url:
+        yield url, token_file, artifacts
 
 
 def _decisions(gateway_url: str) -> dict[str, float]:

@@ -9,18 +9,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import uvicorn
 
-from services.api.app import create_app
-from services.api.server import server_config
-from services.local_redis import free_port
 from services.settings import Settings
+from tests.integration.served_app import served_app
 
 pytestmark = pytest.mark.integration
 
@@ -30,22 +25,13 @@ ADMIN_TOKEN = "schemathesis-admin-token"  # sent to every operation; the admin o
 
 @pytest.fixture(scope="module")
 def gateway_url(exported: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = free_port()
     settings = Settings(
         artifacts=exported,
         admin={"token": ADMIN_TOKEN},  # the webhook is exercised too, its queue kept aside
         retrain_trigger={"queue_file": tmp_path_factory.mktemp("queue") / "queue.json"},
     )
-    server = uvicorn.Server(server_config(create_app(settings), "127.0.0.1", port, settings))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "gateway did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(15)
+    with served_app(settings) as url:
+        yield url
 
 
 def test_every_operation_conforms_to_its_schema(gateway_url: str, tmp_path: Path) -> None:

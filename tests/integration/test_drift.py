@@ -3,23 +3,18 @@ stationary traffic keeps every PSI low, a shifted population raises it (issue 11
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 
 from pipelines.data.synthetic import make_synthetic
-from services.api.app import create_app
-from services.api.server import server_config
 from services.cli import main
 from services.gateway import Gateway
-from services.local_redis import free_port
 from services.settings import Settings
 from services.simulator import NEW_USERS, Preferences, SimulationPlan, population, simulate
+from tests.integration.served_app import served_app
 
 pytestmark = pytest.mark.integration
 
@@ -28,22 +23,11 @@ DATASET = (300, 400, 15_000)  # what the `exported` fixture trained on (seed 0)
 
 @pytest.fixture(scope="module")
 def gateway(exported: Path) -> Iterator[tuple[str, Gateway]]:
-    port = free_port()
     # a generous model timeout: on a busy test machine a timed-out ranker call would serve
     # degraded, unscored answers, which drift does not count
     served = Gateway(Settings(artifacts=exported, triton={"timeout_ms": 5000}))
-    server = uvicorn.Server(
-        server_config(create_app(gateway=served), "127.0.0.1", port, served.settings)
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}", served
-    server.should_exit = True
-    thread.join(15)
+    with served_app(served.settings, served) as url:
+        yield url, served
 
 
 async def _run(url: str, served: Gateway, shift_at: float | None, to: str) -> dict[str, float]:

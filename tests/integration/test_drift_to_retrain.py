@@ -15,19 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 
 from pipelines.data.synthetic import make_synthetic
-from services.api.app import create_app
-from services.api.server import server_config
-from services.local_redis import free_port
 from services.monitoring.panels import all_panels
 from services.retrain_queue import FileRetrainQueue
 from services.settings import Settings
@@ -40,6 +35,7 @@ from tests.integration.monitoring_servers import (
     rules_for_tests,
     wait_until,
 )
+from tests.integration.served_app import served_app
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 DATASET = (300, 400, 15_000)  # what the `exported` fixture trained on (seed 0)
@@ -63,15 +59,8 @@ def gateway(exported: Path, tmp_path: Path) -> Iterator[tuple[str, Path, Path]]:
         drift={"window_s": 10, "sub_windows": 5, "export_interval_s": 0.5},
         triton={"timeout_ms": 5000},  # a busy test machine must not degrade (unscored) answers
     )
-    port = free_port()
-    server = uvicorn.Server(server_config(create_app(settings), "127.0.0.1", port, settings))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    wait_until(lambda: server.started or not thread.is_alive(), 60, "the gateway to start")
-    assert server.started, "the gateway did not start"
-    yield f"http://127.0.0.1:{port}", token_file, artifacts
-    server.should_exit = True
-    thread.join(15)
+    with served_app(settings) as url:
+        yield url, token_file, artifacts
 
 
 def _traffic(url: str, to: str) -> None:
