@@ -3,8 +3,8 @@ duplicate or a seen item."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -135,12 +135,15 @@ async def test_inference_server_down_orders_by_retrieval_then_popularity(exporte
 
 async def test_slow_scorer_times_out_and_keeps_retrieval_order(exported: Path) -> None:
     settings = _settings(exported, triton=TritonSettings(timeout_ms=40))
-    backend = FaultyBackend(exported / "model_repository", "slow", delay_s=0.3)
+    backend = FaultyBackend(exported / "model_repository", "slow", delay_s=60)
     gateway = Gateway(settings, store=InMemoryStore(), backend=backend)
     async for http in _client(gateway):
-        started = time.perf_counter()
-        body = (await http.post("/v1/recommend", json={"user_id": 3, "k": 10})).json()
-        assert time.perf_counter() - started < 0.25  # did not wait for the slow model
+        # the models answer after a minute: an answer at all means the gateway did not wait
+        # (the 20 s guard only keeps a regression from hanging the suite; not a latency check)
+        answer = await asyncio.wait_for(
+            http.post("/v1/recommend", json={"user_id": 3, "k": 10}), timeout=20
+        )
+        body = answer.json()
         assert body["reasons"] == ["retrieval:timeout", "scoring:timeout"]
         _check_answer(body, 10, set())
 
