@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import shutil
 import subprocess
@@ -28,16 +29,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import uvicorn
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipelines.config import TrainConfig
 from pipelines.data.synthetic import make_synthetic
 from pipelines.pipeline import run_pipeline
-from services.api.app import create_app
-from services.api.server import server_config
-from services.local_redis import free_port
 from services.retrain_queue import FileRetrainQueue
 from services.settings import Settings
 from services.simulator import Preferences, SimulationPlan, population, simulate
@@ -47,6 +43,7 @@ from tests.integration.monitoring_servers import (
     start_alertmanager,
     start_prometheus,
 )
+from tests.integration.served_app import export_copy_with_admin_token, served_app
 
 SIZE = (1000, 1000, 50_000)  # synthetic users, items, interactions
 TRAIN = TrainConfig(two_tower_epochs=3, bpr_epochs=1, dlrm_epochs=2, gbm_rounds=50)
@@ -60,24 +57,6 @@ def log(message: str) -> None:
 def build(root: Path) -> None:
     log(f"training and exporting a release on synthetic data {SIZE}")
     run_pipeline(root / "work", root, TRAIN, dataset="synthetic", synthetic_size=SIZE, log=log)
-
-
-def start_gateway(artifacts: Path, token_file: Path, window_s: float) -> tuple[str, Any]:
-    settings = Settings(
-        artifacts=artifacts,
-        admin={"token_file": token_file},
-        drift={"window_s": window_s, "sub_windows": 15, "export_interval_s": 5.0},
-    )
-    port = free_port()
-    server = uvicorn.Server(server_config(create_app(settings), "127.0.0.1", port, settings))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 120
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise SystemExit("the gateway did not start")
-        time.sleep(0.1)
-    return f"http://127.0.0.1:{port}", server
 
 
 class Watch:
@@ -147,17 +126,20 @@ def main() -> int:
     phase_s = args.phase_s or (180.0 if args.quick else 1500.0)
 
     directory = Path(tempfile.mkdtemp(prefix="cascade-bench-drift-"))
+    servers = contextlib.ExitStack()  # stops what was started, in reverse, whatever happens
     try:
         if args.artifacts is None:
             build(directory / "export")
             source = directory / "export"
         else:
             source = args.artifacts
-        artifacts = directory / "artifacts"
-        shutil.copytree(source, artifacts, ignore=shutil.ignore_patterns("work", "retrain"))
-        token_file = directory / "admin-token"
-        token_file.write_text(TOKEN)
-        url, server = start_gateway(artifacts, token_file, window_s)
+        artifacts, token_file = export_copy_with_admin_token(source, directory, TOKEN)
+        settings = Settings(
+            artifacts=artifacts,
+            admin={"token_file": token_file},
+            drift={"window_s": window_s, "sub_windows": 15, "export_interval_s": 5.0},
+        )
+        url = servers.enter_context(served_app(settings))
         alertmanager = start_alertmanager(
             directory / "alertmanager",
             alertmanager_config_for_tests(
@@ -166,6 +148,7 @@ def main() -> int:
                 {"group_wait": "30s", "group_interval": "5m", "repeat_interval": "4h"},
             ),
         )
+        servers.callback(alertmanager.stop)
         rules = rules_for_tests(
             directory / "rules", for_=for_, thresholds={"drift_min_samples": min_samples}
         )
@@ -176,6 +159,7 @@ def main() -> int:
             alertmanager=alertmanager.url,
             interval="5s",
         )
+        servers.callback(prometheus.stop)
         queue = FileRetrainQueue(artifacts / "retrain" / "queue.json")
         watch = Watch(prometheus, queue, poll_s=2.0)
         watch.thread.start()
@@ -200,9 +184,7 @@ def main() -> int:
         finally:
             watch.stop.set()
             watch.thread.join(10)
-            prometheus.stop()
-            alertmanager.stop()
-            server.should_exit = True
+            servers.close()
 
         def after(name: str) -> float | None:
             at = watch.events.get(name)
@@ -237,6 +219,7 @@ def main() -> int:
         print(json.dumps(result))
         return 0 if stationary_retrains == 0 and watch.claimed else 1
     finally:
+        servers.close()
         shutil.rmtree(directory, ignore_errors=True)
 
 

@@ -213,15 +213,16 @@ def _run_materialize(args: argparse.Namespace) -> int:
     if args.candidate and args.version is not None:
         raise CascadeError("materialize: --candidate and --version exclude each other")
     if args.candidate:
-        from services.control.registry import VersionState, make_registry
+        from services.control.registry import RedisRegistry
 
-        registry = make_registry(settings.model_copy(update={"redis": settings.redis.model_copy(
-            update={"url": url})}))  # fmt: skip
-        candidates = [r.version for r in registry.records() if r.state == VersionState.CANDIDATE]
-        if not candidates:
+        registry = RedisRegistry(url, settings.redis.namespace)
+        try:
+            args.version = registry.newest_candidate()
+        finally:
+            registry.close()
+        if args.version is None:
             print("materialize: no candidate (nothing to do)")
             return 0
-        args.version = max(candidates)
     version = args.version or latest_version(settings.artifacts)
     if version is None:
         raise CascadeError(f"no release under {settings.artifacts}: run `cascade train` first")

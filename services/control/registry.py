@@ -325,6 +325,12 @@ class Registry(ABC):
     def canary(self) -> int | None:
         return self._read().canary()
 
+    def newest_candidate(self) -> int | None:
+        """The newest version the gate passed that was never rolled out (what a scheduled
+        rollout and `materialize --candidate` take), or None."""
+        candidates = [r.version for r in self.records() if r.state == VersionState.CANDIDATE]
+        return max(candidates, default=None)
+
     def serving(self) -> set[int]:
         """Production, previous production and canary: what retention never touches."""
         return self._read().serving()

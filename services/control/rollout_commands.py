@@ -122,22 +122,11 @@ def add_rollout_parser(commands: Any) -> None:
     )
 
 
-def _newest_candidate(controller: RolloutController) -> int | None:
-    """The newest version the gate passed that was never rolled out, if any."""
-    from services.control.registry import VersionState
-
-    candidates = [
-        r.version for r in controller.registry.records() if r.state == VersionState.CANDIDATE
-    ]
-    return max(candidates, default=None)
-
-
 def _target_version(controller: RolloutController, target: str) -> int:
     """A version number, or `candidate`: the newest version the gate passed (what the
     retraining CronJob rolls out after `cascade retrain`)."""
-
     if target == "candidate":
-        newest = _newest_candidate(controller)
+        newest = controller.registry.newest_candidate()
         if newest is None:
             raise RolloutRefused("no candidate to roll out: `cascade versions` lists the states")
         return newest
@@ -169,7 +158,11 @@ def run_rollout(args: argparse.Namespace) -> int:
     if args.target == "status":
         return _status(args)
     controller = _controller(args, _plan(args))
-    if args.if_any and args.target == "candidate" and _newest_candidate(controller) is None:
+    if (
+        args.if_any
+        and args.target == "candidate"
+        and controller.registry.newest_candidate() is None
+    ):
         print("rollout: no candidate to roll out (nothing to do)", flush=True)
         return 0
     version = _target_version(controller, args.target)

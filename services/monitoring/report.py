@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 
 from pipelines.errors import CascadeError
-from services.monitoring.panels import DASHBOARDS, Dashboard, Panel
+from services.monitoring.panels import DASHBOARDS, Dashboard, Panel, Query
 
 UNIT_SCALE = {"percentunit": (100.0, "%"), "s": (1000.0, "ms"), "reqps": (1.0, "req/s")}
 
@@ -64,21 +64,25 @@ def _legend(template: str, labels: dict[str, str]) -> str:
     return text or "none"
 
 
+def query_series(
+    client: httpx.Client, query: Query, start: float, end: float, step: float
+) -> list[Series]:
+    """The series one query returns over the window (NaN and Inf points dropped)."""
+    out = []
+    for result in query_range(client, query.expr, start, end, step):
+        points = [(float(t), float(v)) for t, v in result["values"]]
+        points = [(t, v) for t, v in points if math.isfinite(v)]
+        if points:
+            times, values = zip(*points, strict=True)
+            out.append(Series(_legend(query.legend, result["metric"]), list(times), list(values)))
+    return out
+
+
 def panel_series(
     client: httpx.Client, panel: Panel, start: float, end: float, step: float
 ) -> list[Series]:
-    """Every series of every query of the panel (NaN and Inf points dropped)."""
-    out = []
-    for query in panel.queries:
-        for result in query_range(client, query.expr, start, end, step):
-            points = [(float(t), float(v)) for t, v in result["values"]]
-            points = [(t, v) for t, v in points if math.isfinite(v)]
-            if points:
-                times, values = zip(*points, strict=True)
-                out.append(
-                    Series(_legend(query.legend, result["metric"]), list(times), list(values))
-                )
-    return out
+    """Every series of every query of the panel."""
+    return [s for q in panel.queries for s in query_series(client, q, start, end, step)]
 
 
 def _draw_thresholds(
@@ -96,11 +100,8 @@ def _draw_thresholds(
         target.tick_params(labelsize=7, colors="red")
         scale = 1.0
     for index, threshold in enumerate(panel.thresholds):
-        for result in query_range(client, threshold.series, start, end, step):
-            points = [(float(t), float(v)) for t, v in result["values"]]
-            if not points:
-                continue
-            times, values = zip(*points, strict=True)
+        for series in query_series(client, threshold.query, start, end, step):
+            times, values = series.times, series.values
             target.plot([t - end for t in times], [v * scale for v in values], "r--", lw=1)
             at = len(times) - 1 - index * len(times) // 3  # labels of equal lines side by side
             target.annotate(

@@ -142,6 +142,19 @@ def _launch(name: str, command: list[str], directory: Path) -> subprocess.Popen[
         log.close()
 
 
+ServerT = TypeVar("ServerT", bound="Server")
+
+
+def _ready(server: ServerT) -> ServerT:
+    """The started server once it answers; stopped (and the error raised) if it never does."""
+    try:
+        server.wait_ready()
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
 def start_prometheus(
     directory: Path,
     targets: dict[str, list[str]],
@@ -174,13 +187,9 @@ def start_prometheus(
         f"--rules.alert.resend-delay={interval}",
         "--log.level=warn",
     ]
-    server = Prometheus("prometheus", url, _launch("prometheus", command, directory), directory)
-    try:
-        server.wait_ready()
-    except BaseException:
-        server.stop()
-        raise
-    return server
+    return _ready(
+        Prometheus("prometheus", url, _launch("prometheus", command, directory), directory)
+    )
 
 
 def start_alertmanager(directory: Path, config: dict[str, Any]) -> Alertmanager:
@@ -198,15 +207,9 @@ def start_alertmanager(directory: Path, config: dict[str, Any]) -> Alertmanager:
         "--cluster.listen-address=",  # no gossip port (it would listen on 0.0.0.0:9094)
         "--log.level=warn",
     ]
-    server = Alertmanager(
-        "alertmanager", url, _launch("alertmanager", command, directory), directory
+    return _ready(
+        Alertmanager("alertmanager", url, _launch("alertmanager", command, directory), directory)
     )
-    try:
-        server.wait_ready()
-    except BaseException:
-        server.stop()
-        raise
-    return server
 
 
 def _shorten(rules: list[dict[str, Any]], for_: str) -> None:

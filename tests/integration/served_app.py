@@ -1,13 +1,17 @@
-"""A gateway app served by uvicorn in a thread on a free loopback port, for tests that talk
-to it over real HTTP (the simulator, Prometheus scrapes, Alertmanager's webhook calls)."""
+"""A gateway app served by uvicorn in a thread on a free loopback port, for tests (and
+benchmarks) that talk to it over real HTTP (the simulator, Prometheus scrapes, Alertmanager's
+webhook calls), with the setup and readings those share."""
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
+import httpx
 import uvicorn
 
 from services.api.app import create_app
@@ -35,3 +39,25 @@ def served_app(settings: Settings, gateway: Gateway | None = None) -> Iterator[s
     finally:
         server.should_exit = True
         thread.join(15)
+
+
+def export_copy_with_admin_token(exported: Path, directory: Path, token: str) -> tuple[Path, Path]:
+    """A writable copy of an export root (without its work and retrain state) and a file
+    holding the admin token (mode 0600), as a gateway behind Alertmanager's webhook has."""
+    artifacts = directory / "artifacts"
+    shutil.copytree(exported, artifacts, ignore=shutil.ignore_patterns("work", "retrain"))
+    token_file = directory / "admin-token"
+    token_file.write_text(token + "\n")
+    token_file.chmod(0o600)
+    return artifacts, token_file
+
+
+def retrain_decisions(url: str) -> dict[str, float]:
+    """The gateway's ``cascade_retrain_requests_total`` by decision (a per-process counter:
+    compare against a reading taken at the start of a test)."""
+    found = {}
+    for line in httpx.get(f"{url}/metrics", timeout=5).text.splitlines():
+        if line.startswith("cascade_retrain_requests_total{"):
+            name = line.split('decision="', 1)[1].split('"', 1)[0]
+            found[name] = float(line.rsplit(" ", 1)[1])
+    return found

@@ -11,12 +11,10 @@ nothing; a PSI over the threshold from too few samples raises no alert at all.
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
@@ -31,7 +29,11 @@ from tests.integration.monitoring_servers import (
     rules_for_tests,
     wait_until,
 )
-from tests.integration.served_app import served_app
+from tests.integration.served_app import (
+    export_copy_with_admin_token,
+    retrain_decisions,
+    served_app,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TOKEN = "e2e-admin-token"
@@ -70,24 +72,10 @@ def drift() -> Iterator[DriftEndpoint]:
 def gateway(exported: Path, tmp_path: Path) -> Iterator[tuple[str, Path, Path]]:
     """A real gateway (embedded default) on a copy of the export; its admin token in a file.
     Yields its URL, the token file and its artifacts root."""
-    artifacts = tmp_path / "artifacts"
-    shutil.copytree(exported, artifacts, ignore=shutil.ignore_patterns("work", "retrain"))
-    token_file = tmp_path / "admin-token"
-    token_file.write_text(TOKEN + "\n")
-    token_file.chmod(0o600)
+    artifacts, token_file = export_copy_with_admin_token(exported, tmp_path, TOKEN)
     settings = Settings(artifacts=artifacts, admin={"token_file": token_file})
     with served_app(settings) as url:
         yield url, token_file, artifacts
-
-
-def _decisions(gateway_url: str) -> dict[str, float]:
-    text = httpx.get(f"{gateway_url}/metrics", timeout=5).text
-    found = {}
-    for line in text.splitlines():
-        if line.startswith("cascade_retrain_requests_total{"):
-            name = line.split('decision="', 1)[1].split('"', 1)[0]
-            found[name] = float(line.rsplit(" ", 1)[1])
-    return found
 
 
 def test_drift_alert_enqueues_exactly_one_retrain(
@@ -105,7 +93,7 @@ def test_drift_alert_enqueues_exactly_one_retrain(
     drift.set("3", "gender", psi=0.01, samples=5000)
     drift.set("3", "zip", psi=0.01, samples=5000)
     drift.set("4", "age", psi=0.9, samples=50)  # over the threshold, from too few samples
-    before = _decisions(gateway_url)
+    before = retrain_decisions(gateway_url)
 
     alertmanager = alertmanager_server(
         alertmanager_config_for_tests(f"{gateway_url}/v1/admin/alerts", token_file)
@@ -128,7 +116,7 @@ def test_drift_alert_enqueues_exactly_one_retrain(
 
     # Alertmanager delivers it, then re-sends it every ~2 s: one request, the rest duplicates
     def resent() -> bool:
-        seen = _decisions(gateway_url)
+        seen = retrain_decisions(gateway_url)
         return seen["enqueued"] - before["enqueued"] >= 1 and (
             seen["duplicate"] - before["duplicate"] >= 2
         )
@@ -141,7 +129,7 @@ def test_drift_alert_enqueues_exactly_one_retrain(
         "3",
         "age",
     )
-    seen = _decisions(gateway_url)
+    seen = retrain_decisions(gateway_url)
     assert seen["enqueued"] - before["enqueued"] == 1
     assert seen["not_retrain"] == before["not_retrain"]
 
@@ -155,12 +143,12 @@ def test_drift_alert_enqueues_exactly_one_retrain(
     # the drift goes away: the resolved notification is acknowledged and queues nothing
     drift.set("3", "age", psi=0.01, samples=6000)
     wait_until(
-        lambda: _decisions(gateway_url)["resolved"] > before["resolved"],
+        lambda: retrain_decisions(gateway_url)["resolved"] > before["resolved"],
         60,
         "the resolved notification",
     )
     assert [r.id for r in queue.requests()] == [request.id]
-    assert _decisions(gateway_url)["enqueued"] - before["enqueued"] == 1
+    assert retrain_decisions(gateway_url)["enqueued"] - before["enqueued"] == 1
 
 
 def test_low_sample_drift_alone_fires_nothing(

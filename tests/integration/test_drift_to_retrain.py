@@ -15,12 +15,10 @@ repository's routing posting to the gateway's webhook.
 from __future__ import annotations
 
 import asyncio
-import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from pipelines.data.synthetic import make_synthetic
@@ -36,7 +34,11 @@ from tests.integration.monitoring_servers import (
     rules_for_tests,
     wait_until,
 )
-from tests.integration.served_app import served_app
+from tests.integration.served_app import (
+    export_copy_with_admin_token,
+    retrain_decisions,
+    served_app,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 DATASET = (300, 400, 15_000)  # what the `exported` fixture trained on (seed 0)
@@ -49,11 +51,7 @@ MIN_SAMPLES = 150  # the drift alerts' minimum sample in this test (production: 
 def gateway(exported: Path, tmp_path: Path) -> Iterator[tuple[str, Path, Path]]:
     """The gateway on a copy of the export with a short drift window; its admin token in a
     file. Yields its URL, the token file and its artifacts root."""
-    artifacts = tmp_path / "artifacts"
-    shutil.copytree(exported, artifacts, ignore=shutil.ignore_patterns("work", "retrain"))
-    token_file = tmp_path / "admin-token"
-    token_file.write_text(TOKEN)
-    token_file.chmod(0o600)
+    artifacts, token_file = export_copy_with_admin_token(exported, tmp_path, TOKEN)
     settings = Settings(
         artifacts=artifacts,
         admin={"token_file": token_file},
@@ -73,13 +71,6 @@ def _traffic(url: str, to: str) -> None:
 
 def _retrain_alerts(prometheus: Prometheus) -> list[dict]:
     return [a for a in prometheus.alerts() if a["labels"].get("action") == "retrain"]
-
-
-def _enqueued(url: str) -> float:
-    for line in httpx.get(f"{url}/metrics", timeout=5).text.splitlines():
-        if line.startswith('cascade_retrain_requests_total{decision="enqueued"}'):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError("cascade_retrain_requests_total is not exported")
 
 
 def test_a_population_shift_queues_exactly_one_retrain_and_stationary_traffic_none(
@@ -102,7 +93,8 @@ def test_a_population_shift_queues_exactly_one_retrain_and_stationary_traffic_no
         alertmanager=alertmanager.url,
     )
     wait_until(prometheus.targets_up, 30, "Prometheus to scrape the gateway")
-    enqueued_before = _enqueued(url)  # the counter is per process: other tests may have counted
+    # the counter is per process: other tests may have counted
+    enqueued_before = retrain_decisions(url)["enqueued"]
     started = time.time()
 
     # 1. stationary traffic: PSI stays low, nothing fires, nothing is queued
@@ -110,7 +102,7 @@ def test_a_population_shift_queues_exactly_one_retrain_and_stationary_traffic_no
     sampled = prometheus.query('cascade_drift_samples{feature="user_age"}')
     assert sampled and float(sampled[0]["value"][1]) >= MIN_SAMPLES, sampled
     assert _retrain_alerts(prometheus) == []
-    assert queue.requests() == [] and _enqueued(url) == enqueued_before
+    assert queue.requests() == [] and retrain_decisions(url)["enqueued"] == enqueued_before
 
     # 2. the population shifts: the age PSI rises, the alert fires, one retrain is queued
     _traffic(url, "old")
@@ -124,7 +116,7 @@ def test_a_population_shift_queues_exactly_one_retrain_and_stationary_traffic_no
     assert "user_age" in drifted, drifted
     wait_until(lambda: queue.requests() or None, 30, "the webhook to queue a retrain")
     time.sleep(8.0)  # Alertmanager re-sends every 2 s here, and other drift alerts may join
-    assert len(queue.requests()) == 1 and _enqueued(url) == enqueued_before + 1
+    assert len(queue.requests()) == 1 and retrain_decisions(url)["enqueued"] == enqueued_before + 1
     claimed = queue.claim("test-worker", lease_s=60)
     assert claimed is not None and queue.claim("other-worker", lease_s=60) is None
 
