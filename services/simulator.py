@@ -116,6 +116,7 @@ class Tally:
 class Report:
     per_version: dict[int, Tally] = field(default_factory=lambda: defaultdict(Tally))
     errors: int = 0
+    error_kinds: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     degraded: int = 0
     seconds: float = 0.0
     shifted: int = 0  # requests sent for the shifted population
@@ -124,6 +125,7 @@ class Report:
         return {
             "versions": {str(v): t.as_dict() for v, t in sorted(self.per_version.items())},
             "errors": self.errors,
+            "error_kinds": dict(sorted(self.error_kinds.items())),
             "shifted": self.shifted,
             "degraded": self.degraded,
             "seconds": round(self.seconds, 2),
@@ -140,8 +142,10 @@ class Report:
                 f"{version:>7}  {row['requests']:>8}  {row['impressions']:>7}  "
                 f"{row['clicks']:>6}  {row['ctr']:>7.4f}  {row['hit_rate']:>8.4f}"
             )
+        kinds = ", ".join(f"{kind} {n}" for kind, n in sorted(self.error_kinds.items()))
         lines.append(
-            f"errors {self.errors}, degraded answers {self.degraded}, {self.seconds:.1f} s"
+            f"errors {self.errors}{f' ({kinds})' if kinds else ''}, "
+            f"degraded answers {self.degraded}, {self.seconds:.1f} s"
         )
         return "\n".join(lines)
 
@@ -189,6 +193,7 @@ async def simulate(
 
     async def one(http: Any, user_id: int, draws: np.ndarray) -> None:
         async with gate:
+            route = "recommend"
             try:
                 answer = await http.post("/v1/recommend", json={"user_id": user_id, "k": plan.k})
                 answer.raise_for_status()
@@ -215,9 +220,12 @@ async def simulate(
                         }
                         for item in clicked
                     ]
+                    route = "feedback"
                     (await http.post("/v1/feedback", json={"events": events})).raise_for_status()
-            except (httpx.HTTPError, ValueError, KeyError):
+            except (httpx.HTTPError, ValueError, KeyError) as error:
                 report.errors += 1
+                status = getattr(getattr(error, "response", None), "status_code", None)
+                report.error_kinds[f"{route} {status or type(error).__name__}"] += 1
 
     async with httpx.AsyncClient(base_url=plan.url, timeout=plan.timeout_s) as http:
         tasks = []

@@ -18,6 +18,10 @@ os.environ.setdefault("CASCADE_FEEDBACK__REQUIRE_DURABLE", "false")
 # the choice by size set the budget themselves.
 os.environ.setdefault("CASCADE_EMBEDDING_CACHE__IN_MEMORY_MAX_MB", "0")
 
+# What the `exported` fixture trains on (synthetic users, items, interactions; seed 0) and how
+EXPORTED_SIZE = (300, 400, 15_000)
+EXPORTED_TRAINING = {"two_tower_epochs": 2, "bpr_epochs": 1, "dlrm_epochs": 1, "gbm_rounds": 20}
+
 
 @pytest.fixture(scope="session")
 def small_dataset() -> RawDataset:
@@ -32,13 +36,12 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from pipelines.pipeline import run_pipeline
 
     root = tmp_path_factory.mktemp("export")
-    config = TrainConfig(two_tower_epochs=2, bpr_epochs=1, dlrm_epochs=1, gbm_rounds=20)
     run_pipeline(
         root / "work",
         root,
-        config,
+        TrainConfig(**EXPORTED_TRAINING),
         dataset="synthetic",
-        synthetic_size=(300, 400, 15_000),
+        synthetic_size=EXPORTED_SIZE,
         log=lambda _: None,
     )
     return root

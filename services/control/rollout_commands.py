@@ -112,7 +112,12 @@ def add_rollout_parser(commands: Any) -> None:
         "--metrics-port",
         type=int,
         default=0,
-        help="serve the controller's Prometheus metrics on 127.0.0.1 (0: off)",
+        help="serve the controller's Prometheus metrics on this port (0: off)",
+    )
+    parser.add_argument(
+        "--metrics-address",
+        default="127.0.0.1",
+        help="address the metrics port listens on (0.0.0.0 where Prometheus scrapes the pod)",
     )
     parser.add_argument("--json", action="store_true", help="status: print JSON")
     parser.add_argument(
@@ -169,7 +174,17 @@ def run_rollout(args: argparse.Namespace) -> int:
     if args.metrics_port:
         from prometheus_client import start_http_server
 
-        start_http_server(args.metrics_port, addr="127.0.0.1")
+        try:
+            start_http_server(args.metrics_port, addr=args.metrics_address)
+        except (OSError, ValueError) as error:  # taken port, unknown address
+            raise RolloutRefused(
+                f"--metrics-address/--metrics-port: cannot listen on "
+                f"{args.metrics_address}:{args.metrics_port} ({error})"
+            ) from None
+        print(
+            f"rollout: metrics on http://{args.metrics_address}:{args.metrics_port}/metrics",
+            flush=True,
+        )
     with ExitStack() as stack:
         lock = stack.enter_context(
             controller.registry.lock(LOCK_NAME, ttl_s=max(60.0, 3 * controller.plan.interval_s))

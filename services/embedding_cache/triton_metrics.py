@@ -1,4 +1,4 @@
-"""The embedding cache's counters on Triton's metrics port, when the ranker runs in Triton.
+"""The embedding cache's metrics on Triton's metrics port, when the ranker runs in Triton.
 
 Inside a python-backend stub the cache counts into this process's ``prometheus_client``
 registry, which no ``/metrics`` serves. ``TritonMetricsMirror`` copies those counters, as
@@ -6,7 +6,10 @@ increments, into Triton custom metrics (``pb_utils.MetricFamily``) of the same n
 label sets, served by Triton beside ``nv_inference_*``. Every instance of the ranker adds its
 own increments to the same series. It syncs from ``execute`` at most every ``interval_s``
 (each increment is a round trip to the server), so the port lags by up to that much traffic.
-The latency histogram stays in process (Triton's ``nv_inference_*`` durations cover it).
+
+Triton's custom metrics have no histogram kind. The lookup-latency histogram is sent as what
+a histogram is on the wire: cumulative counters ``<name>_bucket{le}``, ``<name>_count`` and
+``<name>_sum``, each a Triton COUNTER, so ``histogram_quantile`` reads them as usual.
 """
 
 from __future__ import annotations
@@ -15,18 +18,23 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from prometheus_client import Counter
+from prometheus_client import Counter, Histogram
 
-from services.embedding_cache.metrics import DEFAULTS, EVICTIONS, LOOKUPS
+from services.embedding_cache.metrics import DEFAULTS, EVICTIONS, LOOKUP_SECONDS, LOOKUPS
 
-COUNTERS = (LOOKUPS, EVICTIONS, DEFAULTS)
+COUNTERS = (LOOKUPS, EVICTIONS, DEFAULTS, LOOKUP_SECONDS)
+CUMULATIVE_SUFFIXES = ("_total", "_bucket", "_count", "_sum")  # not _created (a timestamp)
 
 
 class TritonMetricsMirror:
-    """Copies ``counters`` into Triton COUNTER families through ``pb_utils``."""
+    """Copies ``counters`` (and histograms, as their cumulative series) into Triton COUNTER
+    families through ``pb_utils``."""
 
     def __init__(
-        self, pb_utils: Any, counters: Sequence[Counter] = COUNTERS, interval_s: float = 1.0
+        self,
+        pb_utils: Any,
+        counters: Sequence[Counter | Histogram] = COUNTERS,
+        interval_s: float = 1.0,
     ) -> None:
         self.pb_utils = pb_utils
         self.counters = list(counters)
@@ -60,7 +68,7 @@ class TritonMetricsMirror:
         for counter in self.counters:
             for family in counter.collect():
                 for sample in family.samples:
-                    if not sample.name.endswith("_total"):
+                    if not sample.name.endswith(CUMULATIVE_SUFFIXES):
                         continue  # the _created timestamps
                     metric = self._metric(sample.name, family.documentation, sample.labels)
                     key = (sample.name, tuple(sorted(sample.labels.items())))

@@ -14,11 +14,12 @@ from services.cli import main
 from services.gateway import Gateway
 from services.settings import Settings
 from services.simulator import NEW_USERS, Preferences, SimulationPlan, population, simulate
+from tests.conftest import EXPORTED_SIZE
 from tests.integration.served_app import served_app
 
 pytestmark = pytest.mark.integration
 
-DATASET = (300, 400, 15_000)  # what the `exported` fixture trained on (seed 0)
+DATASET = EXPORTED_SIZE  # what the `exported` fixture trained on (seed 0)
 
 
 @pytest.fixture(scope="module")

@@ -80,3 +80,22 @@ def test_a_scheduled_worker_with_no_candidate_exits_cleanly_only_with_if_any(
     code, out, _ = _run(capsys, "rollout", "candidate", "--if-any", "--artifacts", root)
     assert code == 0 and "no candidate to roll out (nothing to do)" in out
     assert FileDesiredState(artifacts / "rollout" / "desired.json").read() is None
+
+
+def test_a_metrics_port_that_cannot_listen_is_refused_naming_the_options(
+    artifacts: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        argv = ["rollout", "2", "--artifacts", str(artifacts), "--once", "--metrics-port", port]
+        code, _, err = _run(capsys, *argv)
+        assert code == 2 and "--metrics-address/--metrics-port: cannot listen on" in err
+        assert f"127.0.0.1:{port}" in err and "Traceback" not in err
+    code, _, err = _run(capsys, *argv[:-1], "0", "--metrics-address", "no-such-host.invalid")
+    assert code == 0  # port 0: no metrics server, the address is not used
+    code, _, err = _run(capsys, *argv, "--metrics-address", "no-such-host.invalid")
+    assert code == 2 and "cannot listen on no-such-host.invalid" in err

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pytest
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from services.embedding_cache.triton_metrics import TritonMetricsMirror
 from services.inference.ranker_batch import RankerInputs, RankerOutputs
@@ -102,6 +102,26 @@ def test_the_mirror_sends_what_counters_gained_with_their_names_and_labels() -> 
     assert family.metrics[(("result", "hit"), ("tier", "device"))].value == 7
     assert family.metrics[(("result", "miss"), ("tier", "host"))].value == 1
     assert set(FakeFamily.created) == {"cascade_embedding_cache_lookups_total"}
+
+
+def test_the_mirror_sends_a_histogram_as_its_cumulative_bucket_count_and_sum_series() -> None:
+    FakeFamily.created = {}
+    seconds = Histogram("lookup_seconds", "doc", buckets=(0.001, 0.01), registry=None)
+    mirror = TritonMetricsMirror(FakePbUtils(), [seconds], interval_s=3600)
+    for value in (0.0005, 0.005, 0.05):
+        seconds.observe(value)
+    mirror.sync(force=True)
+    seconds.observe(0.0002)
+    mirror.sync(force=True)
+    buckets = FakeFamily.created["lookup_seconds_bucket"].metrics
+    assert {labels[0][1]: metric.value for labels, metric in buckets.items()} == {
+        "0.001": 2,
+        "0.01": 3,
+        "+Inf": 4,
+    }
+    assert FakeFamily.created["lookup_seconds_count"].metrics[()].value == 4
+    assert FakeFamily.created["lookup_seconds_sum"].metrics[()].value == pytest.approx(0.0557)
+    assert "lookup_seconds_created" not in FakeFamily.created
 
 
 class FakeResponsePbUtils:
