@@ -148,9 +148,10 @@ def test_every_panel_has_data_on_the_full_stack_during_a_rollout(
         redis=RedisSettings(url=redis_with_state, timeout_ms=300, namespace=NAMESPACE),
         triton=TritonSettings(
             url=triton.http_url,
-            # Loading the canary makes Triton reload every version (both models' python stubs
-            # start again): on 2 busy cores production's requests then wait seconds. Such
-            # answers come back degraded (scoring:timeout) within the simulator's 5 s.
+            # Loading the canary (Triton starts its python stubs, the gateway loads its
+            # release) takes the 2 cores of a test machine for seconds: production's requests
+            # then wait. Such answers come back degraded (scoring:timeout) within the
+            # simulator's 5 s.
             timeout_ms=1000,
             control_key=SecretStr(triton.control_key),
         ),
