@@ -52,6 +52,7 @@ from services.metrics import (
     DRIFT_SAMPLES,
     DRIFT_WINDOW,
     SERVED_POPULARITY,
+    multiprocess_dir,
     version_label,
 )
 from services.release import Release
@@ -258,5 +259,10 @@ class DriftMonitor:
 
 
 def _remove(gauge: Gauge, *labels: str) -> None:
+    """Drop a series; in multiprocess mode (which cannot remove one) set it to NaN instead,
+    which no alert condition holds for and the worker's next exports keep."""
+    if multiprocess_dir() is not None:
+        gauge.labels(*labels).set(math.nan)
+        return
     with contextlib.suppress(KeyError):  # never set: nothing to remove
         gauge.remove(*labels)

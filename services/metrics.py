@@ -1,10 +1,50 @@
-"""Prometheus metrics of the gateway (prefix ``cascade_``; label values from fixed sets)."""
+"""Prometheus metrics of the gateway (prefix ``cascade_``; label values from fixed sets).
+
+With more than one worker process (``cascade serve --workers N``) every worker counts into
+files under ``PROMETHEUS_MULTIPROC_DIR`` (prometheus_client's multiprocess mode) and
+``/metrics``, whichever worker answers it, renders all of them: counters and histograms
+summed, each gauge combined as its ``multiprocess_mode`` says (ignored with one process).
+The drift and KPI gauges are each worker's own window over its share of the traffic; the
+most recent export wins (a PSI and its sample count come from the same export).
+"""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Container
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
+
+MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def multiprocess_dir() -> str | None:
+    """Where the workers' metric files are, when the gateway runs in multiprocess mode."""
+    return os.environ.get(MULTIPROCESS_ENV) or None
+
+
+def render_metrics() -> bytes:
+    """The text exposition of this process's metrics, or of every worker's."""
+    if multiprocess_dir() is None:
+        return generate_latest(REGISTRY)
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)
+    return generate_latest(registry)
+
+
+def worker_exited(pid: int) -> None:
+    """Drop an exited worker's live gauges (multiprocess mode; a no-op otherwise)."""
+    if multiprocess_dir() is not None:
+        multiprocess.mark_process_dead(pid)
+
 
 STAGES = ("features", "retrieval", "filtering", "scoring", "ordering")
 REASONS = (
@@ -84,14 +124,18 @@ ONLINE_STORE_STATE = Gauge(
     "cascade_online_store_state",
     "1 for the online store's current state (ok, empty, loading, unreachable, unknown).",
     ["state"],
+    multiprocess_mode="livemax",
 )
 CANARY_WEIGHT = Gauge(
     "cascade_canary_weight",
     "Share of users this gateway routes to each served model version.",
     ["model_version"],
+    multiprocess_mode="livemostrecent",
 )
 ROLLOUT_REVISION = Gauge(
-    "cascade_desired_state_revision", "Revision of the desired serving state last applied."
+    "cascade_desired_state_revision",
+    "Revision of the desired serving state last applied (the oldest among workers).",
+    multiprocess_mode="livemin",
 )
 VERSION_LOAD_FAILURES = Counter(
     "cascade_version_load_failures_total",
@@ -103,34 +147,44 @@ DRIFT_PSI = Gauge(
     "Population stability index of a monitored quantity over the drift window against the "
     "version's reference bins (empty bins count as 1e-4).",
     ["model_version", "feature"],
+    multiprocess_mode="livemostrecent",
 )
 DRIFT_JS = Gauge(
     "cascade_drift_js_distance",
     "Jensen-Shannon distance (base 2, 0..1) of a monitored quantity's window bins against the "
     "version's reference bins.",
     ["model_version", "feature"],
+    multiprocess_mode="livemostrecent",
 )
 DRIFT_SAMPLES = Gauge(
     "cascade_drift_samples",
     "Values counted in the drift window behind each PSI / JS value.",
     ["model_version", "feature"],
+    multiprocess_mode="livemostrecent",
 )
 DRIFT_REFERENCE = Gauge(
     "cascade_drift_reference_info",
     "1 for a served version whose drift reference is loaded (its drift is exported).",
     ["model_version"],
+    multiprocess_mode="livemax",
 )
-DRIFT_WINDOW = Gauge("cascade_drift_window_seconds", "Length of the drift and KPI window.")
+DRIFT_WINDOW = Gauge(
+    "cascade_drift_window_seconds",
+    "Length of the drift and KPI window.",
+    multiprocess_mode="livemax",
+)
 CATALOG_COVERAGE = Gauge(
     "cascade_catalog_coverage_ratio",
     "Distinct catalog items served in the window / catalog size, per model version.",
     ["model_version"],
+    multiprocess_mode="livemostrecent",
 )
 SERVED_POPULARITY = Gauge(
     "cascade_served_popularity_mean",
     "Mean training-popularity percentile (0 least, 1 most popular) of the items served in the "
     "window, per model version.",
     ["model_version"],
+    multiprocess_mode="livemostrecent",
 )
 RETRAIN_REQUESTS = Counter(
     "cascade_retrain_requests_total",

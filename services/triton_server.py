@@ -174,6 +174,9 @@ class TritonServer:
 
     def environment(self) -> dict[str, str]:
         env = {**os.environ, **self.env}
+        # the gateway workers' metric files are theirs: a python stub writing there would
+        # add the embedding cache's counts to /metrics a second time (Triton exports them)
+        env.pop("PROMETHEUS_MULTIPROC_DIR", None)
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
         libdir = sysconfig.get_config_var("LIBDIR") or ""
         env["LD_LIBRARY_PATH"] = os.pathsep.join(

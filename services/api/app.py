@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -14,6 +15,7 @@ from services.api.limits import BodySizeLimit
 from services.api.routes import alerts, feedback, health, recommend
 from services.errors import http_status
 from services.gateway import Gateway
+from services.metrics import worker_exited
 from services.retrain_queue import make_retrain_queue
 from services.settings import Settings
 
@@ -43,6 +45,7 @@ def create_app(settings: Settings | None = None, gateway: Gateway | None = None)
         finally:
             queue.close()
             await chosen.close()
+            worker_exited(os.getpid())
 
     app = FastAPI(
         title="Cascade",

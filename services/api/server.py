@@ -16,12 +16,19 @@ Keep-alive idle time and the graceful-shutdown timeout are uvicorn's own options
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
+import tempfile
+from pathlib import Path
 from typing import Any, ClassVar
 
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from services.metrics import MULTIPROCESS_ENV
 from services.settings import ServerSettings, Settings
+
+log = logging.getLogger(__name__)
 
 
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
@@ -113,8 +120,28 @@ def server_config(app: Any, host: str, port: int, settings: Settings) -> uvicorn
     return uvicorn.Config(app, host=host, port=port, **server_options(settings))
 
 
+def prepare_worker_metrics(workers: int) -> Path | None:
+    """More than one worker: prometheus_client's multiprocess mode, so that ``/metrics``
+    (whichever worker answers) shows every worker's counts. The directory is
+    ``PROMETHEUS_MULTIPROC_DIR`` when set (e.g. an emptyDir), else a new temporary one; the
+    files of an earlier run are removed first, as prometheus_client requires. Set in the
+    environment before the workers start (they are spawned, and read it on import)."""
+    if workers <= 1 and not os.environ.get(MULTIPROCESS_ENV):
+        return None
+    given = os.environ.get(MULTIPROCESS_ENV)
+    directory = Path(given) if given else Path(tempfile.mkdtemp(prefix="cascade-metrics-"))
+    directory.mkdir(parents=True, exist_ok=True)
+    for stale in directory.glob("*.db"):
+        stale.unlink()
+    os.environ[MULTIPROCESS_ENV] = str(directory)
+    return directory
+
+
 def serve(host: str, port: int, workers: int, settings: Settings) -> None:
     """Run the gateway (the app factory of services.api.app) until SIGINT/SIGTERM."""
+    metrics_dir = prepare_worker_metrics(workers)
+    if metrics_dir is not None:
+        log.info("metrics of %d workers combined through %s", workers, metrics_dir)
     uvicorn.run(
         "services.api.app:create_app",
         factory=True,

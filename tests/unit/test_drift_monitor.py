@@ -3,6 +3,7 @@ gauges equal to the window statistics, old versions served without drift (issue 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
@@ -14,6 +15,7 @@ from prometheus_client import REGISTRY
 
 from pipelines.errors import ArtifactError
 from pipelines.export.drift_reference import QUANTITIES, REFERENCE_FILE
+from services import metrics
 from services.drift import load_reference
 from services.gateway import Gateway
 from services.release import load_release
@@ -144,6 +146,36 @@ async def test_retired_versions_lose_their_series(exported: Path) -> None:
         assert _value("cascade_catalog_coverage_ratio", model_version="1") is None
     finally:
         await gateway.close()
+
+
+async def test_with_worker_processes_retired_series_become_nan(
+    exported: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Multiprocess mode cannot remove a series (each worker's file keeps it): the retired
+    version's values become NaN, which no alert condition holds for."""
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    gateway = Gateway(Settings(artifacts=exported))
+    await gateway.start()
+    try:
+        await gateway.recommend(3, 5, {}, [], None)
+        gateway.drift.export()
+        gateway.releases.pop(1)
+        await gateway.drift.sync()
+        gateway.drift.export()
+        samples = _value("cascade_drift_samples", model_version="1", feature="user_age")
+        coverage = _value("cascade_catalog_coverage_ratio", model_version="1")
+        assert samples is not None and np.isnan(samples)
+        assert coverage is not None and np.isnan(coverage)
+    finally:
+        await gateway.close()
+        monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR")
+        for gauge in (metrics.DRIFT_PSI, metrics.DRIFT_JS, metrics.DRIFT_SAMPLES):
+            for labels in list(gauge._metrics):  # the NaN series this process now holds
+                if labels[0] == "1":
+                    gauge.remove(*labels)
+        for gauge in (metrics.DRIFT_REFERENCE, metrics.CATALOG_COVERAGE, metrics.SERVED_POPULARITY):
+            with contextlib.suppress(KeyError):
+                gauge.remove("1")
 
 
 async def test_disabled_drift_counts_nothing(exported: Path) -> None:

@@ -6,9 +6,10 @@ import asyncio
 
 from fastapi import APIRouter, Response
 from fastapi.responses import PlainTextResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from services.api.deps import GatewayDep
+from services.metrics import render_metrics
 
 router = APIRouter()
 
@@ -46,5 +47,5 @@ async def ready(gateway: GatewayDep, response: Response) -> dict[str, object]:
 @router.get("/metrics", response_class=PlainTextResponse)
 async def metrics() -> Response:
     # rendering runs in a worker thread: a large registry never stalls the event loop
-    body = await asyncio.to_thread(generate_latest)
+    body = await asyncio.to_thread(render_metrics)
     return Response(body, media_type=CONTENT_TYPE_LATEST)
