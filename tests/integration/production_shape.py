@@ -114,7 +114,9 @@ def production_shape(root: Path, directory: Path, **gateway: Any) -> Iterator[St
             grpc_port=free_port(),
             metrics_port=free_port(),
             log_file=directory / "triton" / "tritonserver.log",
-            env={"CASCADE_REDIS__URL": redis_url},
+            # through the cache (and its metrics) even though these small tables would fit
+            # the in-memory budget that production chooses by
+            env={"CASCADE_REDIS__URL": redis_url, "CASCADE_EMBEDDING_CACHE__IN_MEMORY_MAX_MB": "0"},
         )
         triton.start(timeout_s=180)
         stack.callback(triton.stop)
