@@ -137,6 +137,13 @@ ROLLOUT_REVISION = Gauge(
     "Revision of the desired serving state last applied (the oldest among workers).",
     multiprocess_mode="livemin",
 )
+BREAKERS_OPEN = Gauge(
+    "cascade_circuit_breakers_open",
+    "Circuit breakers of this name that are open or half-open (refusing calls, but for one "
+    "probe): redis, triton, embedding_cache_redis.",
+    ["breaker"],
+    multiprocess_mode="livesum",
+)
 VERSION_LOAD_FAILURES = Counter(
     "cascade_version_load_failures_total",
     "Desired model versions this gateway could not load, by role (production, canary).",

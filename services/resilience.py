@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
+from collections import defaultdict
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import ClassVar, TypeVar
 
 from services.errors import DependencyUnavailable
+from services.metrics import BREAKERS_OPEN
 from services.settings import BreakerSettings
 
 T = TypeVar("T")
@@ -19,7 +22,14 @@ class CircuitBreaker:
     While open, calls fail at once (no waiting on a dead dependency). Half-open admits one
     trial call at a time; concurrent callers keep failing fast meanwhile. A successful trial
     closes it again, a failed trial re-opens it.
+
+    ``cascade_circuit_breakers_open{breaker=name}`` counts this process's breakers of a name
+    that are not closed (several exist where each model version has its own cache).
     """
+
+    _open: ClassVar[defaultdict[str, weakref.WeakSet[CircuitBreaker]]] = defaultdict(
+        weakref.WeakSet
+    )
 
     def __init__(
         self, name: str, settings: BreakerSettings, clock: Callable[[], float] = time.monotonic
@@ -30,6 +40,15 @@ class CircuitBreaker:
         self.consecutive_failures = 0
         self.opened_at: float | None = None
         self.probing = False  # a half-open trial call is in flight
+        self._export()  # the series exists (0) before anything fails
+
+    def _export(self) -> None:
+        opened = self._open[self.name]
+        if self.opened_at is None:
+            opened.discard(self)
+        else:
+            opened.add(self)
+        BREAKERS_OPEN.labels(breaker=self.name).set(len(opened))
 
     @property
     def state(self) -> str:
@@ -50,13 +69,17 @@ class CircuitBreaker:
 
     def record_success(self) -> None:
         self.consecutive_failures = 0
-        self.opened_at = None
+        was_open, self.opened_at = self.opened_at is not None, None
         self.probing = False
+        if was_open:
+            self._export()
 
     def record_failure(self) -> None:
         self.consecutive_failures += 1
         if self.state == "half_open" or self.consecutive_failures >= self.settings.failures:
-            self.opened_at = self.clock()
+            was_closed, self.opened_at = self.opened_at is None, self.clock()
+            if was_closed:
+                self._export()
         self.probing = False
 
     async def call(self, make_call: Callable[[], Awaitable[T]], timeout_s: float) -> T:

@@ -9,7 +9,8 @@ own increments to the same series. It syncs from ``execute`` at most every ``int
 
 Triton's custom metrics have no histogram kind. The lookup-latency histogram is sent as what
 a histogram is on the wire: cumulative counters ``<name>_bucket{le}``, ``<name>_count`` and
-``<name>_sum``, each a Triton COUNTER, so ``histogram_quantile`` reads them as usual.
+``<name>_sum``, each a Triton COUNTER, so ``histogram_quantile`` reads them as usual. Gauges
+(the cache's open Redis breakers) are sent as Triton GAUGEs, set to their current value.
 """
 
 from __future__ import annotations
@@ -18,22 +19,23 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 from services.embedding_cache.metrics import DEFAULTS, EVICTIONS, LOOKUP_SECONDS, LOOKUPS
+from services.metrics import BREAKERS_OPEN
 
-COUNTERS = (LOOKUPS, EVICTIONS, DEFAULTS, LOOKUP_SECONDS)
+COUNTERS = (LOOKUPS, EVICTIONS, DEFAULTS, LOOKUP_SECONDS, BREAKERS_OPEN)
 CUMULATIVE_SUFFIXES = ("_total", "_bucket", "_count", "_sum")  # not _created (a timestamp)
 
 
 class TritonMetricsMirror:
     """Copies ``counters`` (and histograms, as their cumulative series) into Triton COUNTER
-    families through ``pb_utils``."""
+    families, and gauges into GAUGE families, through ``pb_utils``."""
 
     def __init__(
         self,
         pb_utils: Any,
-        counters: Sequence[Counter | Histogram] = COUNTERS,
+        counters: Sequence[Counter | Histogram | Gauge] = COUNTERS,
         interval_s: float = 1.0,
     ) -> None:
         self.pb_utils = pb_utils
@@ -44,16 +46,19 @@ class TritonMetricsMirror:
         self.sent: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
         self.last_sync = float("-inf")
 
-    def _metric(self, name: str, documentation: str, labels: dict[str, str]) -> Any:
+    def _metric(
+        self, name: str, documentation: str, labels: dict[str, str], gauge: bool = False
+    ) -> Any:
         key = (name, tuple(sorted(labels.items())))
         metric = self.metrics.get(key)
         if metric is None:
             family = self.families.get(name)
             if family is None:
-                family = self.families[name] = self.pb_utils.MetricFamily(
+                kinds = self.pb_utils.MetricFamily
+                family = self.families[name] = kinds(
                     name=name,
                     description=documentation,
-                    kind=self.pb_utils.MetricFamily.COUNTER,
+                    kind=kinds.GAUGE if gauge else kinds.COUNTER,
                 )
             metric = self.metrics[key] = family.Metric(labels=labels)
             self.sent[key] = 0.0
@@ -67,6 +72,12 @@ class TritonMetricsMirror:
         self.last_sync = now
         for counter in self.counters:
             for family in counter.collect():
+                if family.type == "gauge":
+                    for sample in family.samples:
+                        self._metric(sample.name, family.documentation, sample.labels, True).set(
+                            sample.value
+                        )
+                    continue
                 for sample in family.samples:
                     if not sample.name.endswith(CUMULATIVE_SUFFIXES):
                         continue  # the _created timestamps

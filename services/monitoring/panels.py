@@ -125,12 +125,22 @@ SERVICE = Dashboard(
                 ),
             ),
             unit="ops",
-            thresholds=_threshold(
-                "circuit_open_fallbacks_per_second",
-                "CascadeRedisBreakerOpen",
-                "CascadeTritonBreakerOpen",
-            ),
             description="features: the Redis breaker; retrieval and scoring: Triton's.",
+        ),
+        Panel(
+            "Circuit breakers open",
+            (
+                Query(
+                    "max by (breaker) (cascade_circuit_breakers_open)",
+                    "{{breaker}}",
+                ),
+            ),
+            thresholds=_threshold(
+                "circuit_breakers_open", "CascadeRedisBreakerOpen", "CascadeTritonBreakerOpen"
+            ),
+            description="Breakers not closed, per name (the largest count over replicas): "
+            "redis and triton in the gateways, embedding_cache_redis in the ranker (gateway "
+            "or Triton).",
         ),
         Panel(
             "Online store state",

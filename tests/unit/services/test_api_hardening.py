@@ -133,7 +133,7 @@ async def test_metrics_are_rendered_off_the_event_loop(
         rendered_on.append(threading.current_thread())
         return b"# rendered\n"
 
-    monkeypatch.setattr(health, "generate_latest", render)
+    monkeypatch.setattr(health, "render_metrics", render)
     response = await client.get("/metrics")
     assert response.status_code == 200 and response.text == "# rendered\n"
     assert rendered_on and rendered_on[0] is not threading.main_thread()

@@ -116,3 +116,25 @@ async def test_a_cancelled_probe_frees_the_probe_slot() -> None:
     with pytest.raises(asyncio.CancelledError):
         await probe
     assert await breaker.call(_ok, 1.0) == "ok"  # the next caller may probe
+
+
+async def test_the_open_breakers_of_a_name_are_counted_on_a_gauge() -> None:
+    from prometheus_client import REGISTRY
+
+    def open_now() -> float | None:
+        return REGISTRY.get_sample_value("cascade_circuit_breakers_open", {"breaker": "gauge-t"})
+
+    clock = Clock()
+    first = CircuitBreaker("gauge-t", BreakerSettings(failures=1, reset_s=5), clock)
+    second = CircuitBreaker("gauge-t", BreakerSettings(failures=1, reset_s=5), clock)
+    assert open_now() == 0  # the series exists before anything fails
+    for breaker, expected in ((first, 1), (second, 2), (first, 2)):  # a failure re-opening:
+        with pytest.raises(DependencyUnavailable):  # still one breaker
+            await breaker.call(_fail, 1.0)
+        assert open_now() == expected
+    clock.now = 6.0  # half-open still refuses calls: counted as open
+    assert first.state == "half_open" and open_now() == 2
+    assert await first.call(_ok, 1.0) == "ok"
+    assert open_now() == 1
+    assert await second.call(_ok, 1.0) == "ok"
+    assert open_now() == 0

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pytest
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from services.embedding_cache.triton_metrics import TritonMetricsMirror
 from services.inference.ranker_batch import RankerInputs, RankerOutputs
@@ -65,14 +65,18 @@ class FakeMetric:
     def increment(self, value: float) -> None:
         self.value += value
 
+    def set(self, value: float) -> None:
+        self.value = value
+
 
 class FakeFamily:
     COUNTER = "counter"
+    GAUGE = "gauge"
     created: ClassVar[dict[str, FakeFamily]] = {}
 
     def __init__(self, name: str, description: str, kind: str) -> None:
-        assert kind == self.COUNTER
-        self.name, self.metrics = name, {}
+        assert kind in (self.COUNTER, self.GAUGE)
+        self.name, self.kind, self.metrics = name, kind, {}
         FakeFamily.created[name] = self
 
     def Metric(self, labels: dict[str, str]) -> FakeMetric:  # noqa: N802 (pb_utils' name)
@@ -158,3 +162,16 @@ def test_a_ranker_response_carries_scores_and_flags_or_the_error() -> None:
     np.testing.assert_array_equal(ok.tensors[1].data, np.ones((3, 1), np.float32))
     failed = ranker_response(FakeResponsePbUtils, ValueError("dense must be [N, 26]"))
     assert failed.tensors == [] and failed.error.message == "dense must be [N, 26]"
+
+
+def test_the_mirror_sets_gauges_to_their_current_value() -> None:
+    FakeFamily.created = {}
+    opened = Gauge("breakers_open", "doc", ["breaker"], registry=None)
+    mirror = TritonMetricsMirror(FakePbUtils(), [opened], interval_s=3600)
+    opened.labels(breaker="embedding_cache_redis").set(2)
+    mirror.sync(force=True)
+    opened.labels(breaker="embedding_cache_redis").set(0)
+    mirror.sync(force=True)
+    family = FakeFamily.created["breakers_open"]
+    assert family.kind == FakeFamily.GAUGE
+    assert family.metrics[(("breaker", "embedding_cache_redis"),)].value == 0
