@@ -118,7 +118,11 @@ def main() -> int:
             "share_with_data": round((len(found) - len(empty)) / len(found), 3),
             "empty": empty,
             "traffic": traffic.as_dict(),
-            "rollout_last_line": rollout_output[-1] if rollout_output else None,
+            # the controller's verdict line when the rollout ended, else its last look
+            "rollout": next(
+                (line for line in reversed(rollout_output) if line.startswith("rollout ")),
+                next((line for line in reversed(rollout_output) if "look " in line), None),
+            ),
             "pngs": sorted(str(p) for p in args.out.glob("*.png")),
         }
         print(json.dumps(result))
