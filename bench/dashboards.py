@@ -120,7 +120,7 @@ def main() -> int:
             "traffic": traffic.as_dict(),
             # the controller's verdict line when the rollout ended, else its last look
             "rollout": next(
-                (line for line in reversed(rollout_output) if line.startswith("rollout ")),
+                (line for line in reversed(rollout_output) if " vs production " in line),
                 next((line for line in reversed(rollout_output) if "look " in line), None),
             ),
             "pngs": sorted(str(p) for p in args.out.glob("*.png")),
