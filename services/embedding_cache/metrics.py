@@ -18,5 +18,5 @@ DEFAULTS = Counter(
 LOOKUP_SECONDS = Histogram(
     "cascade_embedding_cache_lookup_seconds",
     "Latency of one batched lookup (all tables).",
-    buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05),
+    buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
 )
