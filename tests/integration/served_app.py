@@ -5,6 +5,7 @@ webhook calls), with the setup and readings those share."""
 from __future__ import annotations
 
 import shutil
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -61,3 +62,18 @@ def retrain_decisions(url: str) -> dict[str, float]:
             name = line.split('decision="', 1)[1].split('"', 1)[0]
             found[name] = float(line.rsplit(" ", 1)[1])
     return found
+
+
+def wait_until_ready(process: subprocess.Popen[bytes], url: str, timeout_s: float = 180) -> None:
+    """Poll ``url``/health/ready (a ``cascade serve`` started as a process) until it answers
+    200; fail the test when the process exits first or the time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert process.poll() is None, "cascade serve exited"
+        assert time.monotonic() < deadline, "the gateway did not become ready"
+        try:
+            if httpx.get(f"{url}/health/ready", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)

@@ -17,6 +17,7 @@ import httpx
 from prometheus_client import multiprocess
 
 from services.local_redis import free_port
+from tests.integration.served_app import wait_until_ready
 
 REQUESTS = 60
 
@@ -65,16 +66,7 @@ def test_two_workers_export_the_counts_of_both_on_every_scrape(
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert serve.poll() is None, "cascade serve exited"
-            assert time.monotonic() < deadline, "the gateway did not become ready"
-            try:
-                if httpx.get(f"{url}/health/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
+        wait_until_ready(serve, url)
         assert not (metrics_dir / "counter_1.db").exists()
         time.sleep(5.0)  # the second worker finishes loading too
         for number in range(REQUESTS):  # a new connection each: the workers share them out

@@ -33,6 +33,7 @@ from services.materialize import materialize_embeddings
 from services.settings import BreakerSettings, Settings, TritonSettings
 from services.triton_server import TritonServer, TritonUnavailable, wheel_directory
 from tests.conftest import redis_url
+from tests.integration.served_app import wait_until_ready
 
 pytestmark = pytest.mark.integration
 LOG_BOUND = 4096
@@ -275,16 +276,7 @@ def test_killing_cascade_serve_takes_its_triton_down(exported: Path, tmp_path: P
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert serve.poll() is None, "cascade serve exited"
-            assert time.monotonic() < deadline, "gateway not up"
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
+        wait_until_ready(serve, f"http://127.0.0.1:{port}")
         (triton_pid,) = [p for p in _children(serve.pid) if "tritonserver" in _cmdline(p)]
         assert _alive(triton_pid)
         serve.kill()
