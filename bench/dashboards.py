@@ -9,7 +9,7 @@ repository's rules scraping the gateway, Triton's metrics port and the controlle
 integration test ``test_dashboards.py`` checks the same for 30 s; this runs longer and keeps
 the pictures. Prints one line per panel (series found), then one JSON object.
 
-    python bench/dashboards.py [--duration 180] [--rate 30] [--out bench/results/dashboards-report]
+    python bench/dashboards.py [--duration 360] [--rate 30] [--out bench/results/dashboards-report]
 """
 
 from __future__ import annotations
@@ -50,7 +50,12 @@ def main() -> int:
         description=__doc__.splitlines()[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--duration", type=float, default=180.0, help="seconds of traffic")
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=360.0,
+        help="seconds of traffic (the panels' 5m rates fill)",
+    )
     parser.add_argument("--rate", type=float, default=30.0, help="simulated requests/s")
     parser.add_argument(
         "--out", type=Path, default=Path("bench/results/dashboards-report"), help="PNGs go here"
