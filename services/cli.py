@@ -268,6 +268,14 @@ def _run_serve(args: argparse.Namespace) -> int:
     from services.triton_server import TritonServer
 
     settings = _settings(args)
+    if args.workers > 1 and not settings.redis.url:
+        print(
+            f"warning: --workers {args.workers} without CASCADE_REDIS__URL: each worker keeps "
+            "its own in-memory store, so a click reaching another worker than the one that "
+            "answered is unattributed; set a Redis for more than one worker",
+            file=sys.stderr,
+            flush=True,
+        )
     streams = settings.embedded_streams()
     if streams is not None:  # the embedded stack logs where `cascade retrain` reads
         os.environ["CASCADE_STREAMS_DIR"] = str(streams)

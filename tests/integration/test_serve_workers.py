@@ -62,7 +62,7 @@ def test_two_workers_export_the_counts_of_both_on_every_scrape(
         ],
         env=env,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=(tmp_path / "serve.err").open("wb"),
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -80,6 +80,8 @@ def test_two_workers_export_the_counts_of_both_on_every_scrape(
             assert _total(text, "cascade_request_latency_seconds_count") == REQUESTS
             assert _total(text, "cascade_recommendations_total") == REQUESTS
             assert 'cascade_online_store_state{state="ok"} 1.0' in text
+        # the embedded store is per worker: the command says so
+        assert "--workers 2 without CASCADE_REDIS__URL" in (tmp_path / "serve.err").read_text()
     finally:
         serve.send_signal(signal.SIGTERM)
         try:
