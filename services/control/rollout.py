@@ -7,11 +7,14 @@ One look (``RolloutController.look``), every ``interval_s``:
    to the two arms (production = control, candidate = canary): answers, items shown,
    clicks, hits, errors and degraded answers from the logged reasons, a latency histogram;
 2. abort when the candidate's artifacts vanished or a gateway replica reports it cannot
-   load the candidate (production untouched);
+   load the candidate (production untouched); while a live replica has not applied the
+   step yet, give no verdict (its users are all on production), and roll back with reason
+   ``not_applied`` when that lasts ``apply_deadline_s``;
 3. ``analysis.analyse``: sample-ratio mismatch halts (rolled back, reason ``srm``), a
    guardrail breach fails at once, the always-valid CTR test passes, fails or holds;
 4. act: fail → roll back; pass for at least ``min_step_s`` → next weight, or promote after
-   the last; hold past ``step_deadline_s`` → roll back with reason ``no_traffic``.
+   the last; hold past ``step_deadline_s`` → roll back with reason ``no_traffic`` (both
+   counted from when the replicas applied the step).
 
 Every look's decision (values, thresholds, p-values, sample sizes) is stored in the rollout
 record and appended to the audit trail; the record holds the stream cursors and counts, so a
@@ -94,14 +97,20 @@ class RolloutPlan:
     interval_s: float = 30.0
     step_deadline_s: float = 3600.0
     analysis: AnalysisConfig = field(default_factory=AnalysisConfig)
+    # how long the live replicas may take to apply a step (load the canary) before the
+    # rollout is rolled back with reason not_applied; min_step_s and step_deadline_s count
+    # from when they have applied it (the traffic a step is judged on)
+    apply_deadline_s: float = 600.0
 
     def __post_init__(self) -> None:
         if not self.weights or any(not 0 < w < 1 for w in self.weights):
             raise RolloutRefused(f"step weights must lie in (0, 1), got {list(self.weights)}")
         if list(self.weights) != sorted(self.weights):
             raise RolloutRefused(f"step weights must increase, got {list(self.weights)}")
-        if min(self.min_step_s, self.interval_s, self.step_deadline_s) <= 0:
-            raise RolloutRefused("min_step_s, interval_s and step_deadline_s must be > 0")
+        if min(self.min_step_s, self.interval_s, self.step_deadline_s, self.apply_deadline_s) <= 0:
+            raise RolloutRefused(
+                "min_step_s, interval_s, step_deadline_s and apply_deadline_s must be > 0"
+            )
         if self.step_deadline_s < self.min_step_s:
             raise RolloutRefused("step_deadline_s must be at least min_step_s")
 
@@ -207,9 +216,18 @@ class RolloutController:
             reason, detail = problem
             self._finish(record, rolled_back=True, reason=reason, detail=detail)
             return record
-        if behind and self.clock() - record.step_started_at < self.plan.step_deadline_s:
+        if behind:
             # replicas still loading the step's versions route everyone to production: no
             # verdict (a sample-ratio "mismatch" now would only measure the loading)
+            waited = self.clock() - record.step_started_at
+            if waited >= self.plan.apply_deadline_s:
+                self._finish(
+                    record,
+                    rolled_back=True,
+                    reason="not_applied",
+                    detail=f"{behind} did not apply step {record.step} in {waited:.0f} s",
+                )
+                return record
             self.log.save(record)
             log.info("rollout %s: waiting for %s to apply the desired state", record.id, behind)
             return record
@@ -234,7 +252,7 @@ class RolloutController:
         return record
 
     def _act(self, record: RolloutRecord, decision: Decision) -> None:
-        in_step = self.clock() - record.step_started_at
+        in_step = self.clock() - (record.step_applied_at or record.step_started_at)
         if decision.outcome == "fail":
             self._finish(record, rolled_back=True, reason=decision.reason)
         elif decision.outcome == "halt":
@@ -285,6 +303,8 @@ class RolloutController:
     def _routing_applied(self, record: RolloutRecord) -> None:
         """Every live replica routes by the step's weight now: traffic from here on counts
         for the sample-ratio test (a segment nothing was counted in yet just takes it)."""
+        if record.step_applied_at is None:
+            record.step_applied_at = self.clock()
         current = record.segments[-1]
         if current.weight is not None:
             return
@@ -322,6 +342,7 @@ class RolloutController:
             return
         record.step += 1
         record.step_started_at = self.clock()
+        record.step_applied_at = None
         record.segments.append(Segment(start_ms=int(self.clock() * 1000)))  # replicas apply
         self._audit(record, "step", {"step": record.step, "weight": record.weight})
         self._set_desired(

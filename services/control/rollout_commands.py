@@ -79,6 +79,13 @@ def add_rollout_parser(commands: Any) -> None:
         help="a step holding this long for lack of data rolls back (no_traffic)",
     )
     parser.add_argument(
+        "--apply-deadline-s",
+        type=float,
+        default=plan.apply_deadline_s,
+        help="replicas not applying a step (loading the canary) this long roll it back "
+        "(not_applied); the step's other times count from when they have",
+    )
+    parser.add_argument(
         "--margin",
         type=float,
         default=analysis.non_inferiority_margin,
@@ -156,7 +163,14 @@ def _plan(args: argparse.Namespace) -> RolloutPlan:
         min_impressions=args.min_impressions,
         min_requests=args.min_requests,
     )
-    return RolloutPlan(weights, args.min_step_s, args.interval_s, args.step_deadline_s, analysis)
+    return RolloutPlan(
+        weights,
+        args.min_step_s,
+        args.interval_s,
+        args.step_deadline_s,
+        analysis,
+        apply_deadline_s=args.apply_deadline_s,
+    )
 
 
 def run_rollout(args: argparse.Namespace) -> int:

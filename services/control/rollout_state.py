@@ -152,6 +152,8 @@ class RolloutRecord(BaseModel):
     forced: bool = False
     started_at: float = Field(default_factory=time.time)
     step_started_at: float = Field(default_factory=time.time)
+    # when every live replica had applied the step's routing (None: still loading)
+    step_applied_at: float | None = None
     updated_at: float = Field(default_factory=time.time)
     reason: str = ""
     cursors: dict[str, str] = Field(

@@ -293,6 +293,49 @@ async def test_no_verdict_while_a_replica_is_still_loading_the_step(artifacts: P
     assert record is not None and record.reason == "canary_load_failed"
 
 
+async def test_loading_past_the_step_deadline_still_gets_no_verdict_until_the_apply_deadline(
+    artifacts: Path,
+) -> None:
+    """A slow canary load (a busy machine) is not judged on the traffic it never got: no
+    sample-ratio verdict after the step deadline; past the apply deadline the rollout ends
+    with the reason that says what happened."""
+    store, clock, rng = InMemoryStore(), Clock(), np.random.default_rng(7)
+    controller = _controller(artifacts, store, clock, weights=(0.5,), apply_deadline_s=300)
+    controller.start(2)
+    revision = controller.desired.read().revision  # type: ignore[union-attr]
+    controller.desired.report("gw-1", {"replica": "gw-1", "applied_revision": revision - 1}, 600)
+    await _traffic(store, rng, 0.0, {1: 0.05, 2: 0.05}, answers=2000)  # all on production
+    clock.now += 150  # past the step deadline (100 s), within the apply deadline
+    record = await controller.look()
+    assert record is not None and record.status == "running" and record.looks == 0
+    clock.now += 151
+    record = await controller.look()
+    assert record is not None and record.status == "rolled_back"
+    assert record.reason == "not_applied"
+    audit = controller.log.audit(5)
+    assert "['gw-1'] did not apply step 0 in 301 s" in audit[-1]["detail"]
+
+
+async def test_the_step_times_count_from_when_the_replicas_applied_it(artifacts: Path) -> None:
+    store, clock = InMemoryStore(), Clock()
+    controller = _controller(artifacts, store, clock, weights=(0.5,))
+    controller.start(2)
+    revision = controller.desired.read().revision  # type: ignore[union-attr]
+    controller.desired.report("gw-1", {"replica": "gw-1", "applied_revision": revision - 1}, 600)
+    clock.now += 90  # loading for 90 s of the 100 s step deadline
+    assert (await controller.look()).status == "running"  # type: ignore[union-attr]
+    controller.desired.report("gw-1", {"replica": "gw-1", "applied_revision": revision}, 600)
+    clock.now += 20  # 110 s after the step began: the look that sees it applied
+    record = await controller.look()
+    assert record is not None and record.status == "running"
+    clock.now += 99  # 99 s of the step deadline under the step's routing: still in time
+    record = await controller.look()
+    assert record is not None and record.status == "running"
+    clock.now += 2
+    record = await controller.look()
+    assert record is not None and record.reason == "no_traffic"
+
+
 async def test_traffic_served_while_replicas_apply_is_kept_out_of_the_split_test(
     artifacts: Path,
 ) -> None:
