@@ -3,9 +3,11 @@
 ``random_split`` is the default evaluation protocol of ``cascade train`` (random 8:1:1 of all
 interactions); ``per_user_split`` cuts each user's interactions 8:1:1 at random
 (``--split-protocol per_user``);
-``time_split`` is what ``cascade retrain`` uses: the oldest rows train, the next window
-validates (early stopping, blend weight), the most recent window is the test set (the
-validation gate's holdout), so a candidate is judged on traffic newer than all it learnt from.
+``time_split`` cuts by time: the oldest rows train, the next window validates, the most
+recent window tests; ``holdout_split`` is what ``cascade retrain`` uses: the most recent
+window minus what production learnt is the test set (the validation gate's holdout), so
+candidate and production are judged on rows neither learnt from, and every other row is
+the candidate's to learn from.
 
 One split of all interactions serves both protocols: retrieval keeps rating >= 3 as
 positives inside each part, ranking drops rating == 3 inside each part. So no row that a
@@ -100,6 +102,41 @@ def time_split(
         train=np.sort(order[:n_train]),
         valid=np.sort(order[n_train : n_train + n_valid]),
         test=np.sort(order[n_train + n_valid :]),
+    )
+
+
+def holdout_split(
+    timestamps: np.ndarray,
+    learnt: np.ndarray,
+    fractions: tuple[float, float, float] = (0.8, 0.1, 0.1),
+    seed: int = 0,
+) -> Split:
+    """The retrain's split: test is the newest ``fractions[2]`` of the rows by time (the
+    window of ``time_split``) except the rows production ``learnt`` from (a boolean mask);
+    the other rows (older ones, and the window's rows production learnt) are the
+    candidate's, ``fractions[1] / (fractions[0] + fractions[1])`` of them drawn at random
+    (seeded) for validation.
+
+    Why not the rest by time as well: a time-cut validation window holds out whole recent
+    users (MovieLens users rate in one burst), whom production, trained on a random split,
+    learnt; the candidate then loses to production on exactly the users the holdout is
+    made of. What production learnt, the candidate may learn too.
+    """
+    _check_fractions(fractions)
+    learnt = np.asarray(learnt, dtype=bool)
+    if learnt.shape != np.shape(timestamps):
+        raise ValueError("learnt needs one flag per row")
+    in_test = np.zeros(len(learnt), dtype=bool)
+    in_test[time_split(timestamps, fractions).test] = True
+    in_test &= ~learnt
+    rest = np.flatnonzero(~in_test)
+    kept = fractions[0] + fractions[1]
+    n_valid = round(fractions[1] / kept * len(rest)) if kept > 0 else 0
+    order = np.random.default_rng(seed).permutation(rest)
+    return Split(
+        train=np.sort(order[n_valid:]),
+        valid=np.sort(order[:n_valid]),
+        test=np.flatnonzero(in_test),
     )
 
 

@@ -13,20 +13,22 @@ retrieval positive = rating >= 3, ranking label = rating >= 4, rating 3 dropped)
 - events of users or items the base catalog does not know are dropped and counted (the
   towers and features need their attributes).
 
-Every row keeps its event time, so a time split puts the newest traffic in the holdout.
+Every row keeps its event time. The split (``pipelines.split.holdout_split``): the newest
+window by time, minus the rows production learnt from (``Learnt``), is the gate's holdout;
+every other row is training data for the candidate.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
 from pipelines.data.schema import INTERACTION_COLUMNS, RawDataset
-from pipelines.split import Split, time_split
+from pipelines.split import Split, holdout_split, time_split
 from pipelines.validation.holdout import Holdout
 
 CLICK_RATING = 5.0
@@ -88,9 +90,30 @@ def logged_interactions(feedback: pd.DataFrame, impressions: pd.DataFrame) -> pd
     return rows.sort_values("timestamp", kind="stable").reset_index(drop=True)
 
 
+@dataclass(frozen=True)
+class Learnt:
+    """What production learnt from: the base rows of its reconstructed split (``base_rows``,
+    one flag per base row), else every row up to ``until``; neither: nothing (first deploy).
+    ``source`` says which, for the verdict."""
+
+    base_rows: np.ndarray | None = None
+    until: int | None = None
+    source: str = "no production version"
+
+    def mask(self, n_base: int, timestamps: np.ndarray) -> np.ndarray:
+        """One flag per combined row (the base rows first, then the logged rows)."""
+        if self.base_rows is not None:
+            if len(self.base_rows) != n_base:
+                raise ValueError("the learnt flags do not match the base rows")
+            return np.r_[self.base_rows, np.zeros(len(timestamps) - n_base, bool)]
+        if self.until is not None:
+            return np.asarray(timestamps) <= self.until
+        return np.zeros(len(timestamps), bool)
+
+
 @dataclass
 class TrainingData:
-    """The combined data set, its time split, and where its rows came from."""
+    """The combined data set, its split, and where its rows came from."""
 
     dataset: RawDataset
     split: Split
@@ -98,6 +121,18 @@ class TrainingData:
     logged_rows: int
     dropped: Counter
     data_hash: str
+    window_rows: int = 0  # rows in the newest window, production's included
+    learnt: Learnt = field(default_factory=Learnt)
+
+    def holdout_notes(self) -> list[str]:
+        """What the holdout is made of (for the verdict)."""
+        test = self.split.test
+        logged = int((test >= self.base_rows).sum())
+        return [
+            f"holdout: the newest {self.window_rows} rows minus the {self.window_rows - len(test)} "
+            f"production learnt from ({self.learnt.source}), which went to training: "
+            f"{len(test)} rows, {len(test) - logged} of the base data and {logged} logged"
+        ]
 
     def holdout(self) -> Holdout:
         """The most recent window (the split's test part) and everything before it."""
@@ -122,8 +157,12 @@ def combine(
     base: RawDataset,
     logged: pd.DataFrame,
     fractions: tuple[float, float, float] = (0.8, 0.1, 0.1),
+    learnt: Learnt | None = None,
+    seed: int = 0,
 ) -> TrainingData:
-    """Append the logged rows the catalog knows to the base interactions; split by time."""
+    """Append the logged rows the catalog knows to the base interactions and split them
+    (``holdout_split``: the newest window minus what production ``learnt`` is the holdout)."""
+    learnt = learnt or Learnt()
     dropped: Counter = Counter()
     known_user = logged["user_id"].isin(base.users["user_id"])
     known_item = logged["item_id"].isin(base.items["item_id"])
@@ -138,14 +177,26 @@ def combine(
     for column in INTERACTION_COLUMNS:
         digest.update(np.ascontiguousarray(kept[column].to_numpy()).tobytes())
     combined = RawDataset(f"{base.name}+logs", base.users, base.items, interactions)
+    timestamps = interactions["timestamp"].to_numpy()
+    mask = learnt.mask(len(base.interactions), timestamps)
+    digest.update(np.packbits(mask).tobytes())
+    split = holdout_split(timestamps, mask, fractions, seed)
     return TrainingData(
         dataset=combined,
-        split=time_split(interactions["timestamp"].to_numpy(), fractions),
+        split=split,
         base_rows=len(base.interactions),
         logged_rows=len(kept),
         dropped=+dropped,
         data_hash=digest.hexdigest()[:16],
+        window_rows=len(split.test) + int(mask[time_split(timestamps, fractions).test].sum()),
+        learnt=learnt,
     )
+
+
+def oldest_rows(dataset: RawDataset, fraction: float) -> np.ndarray:
+    """Positions of the oldest ``fraction`` of the interactions (by time), in row order."""
+    order = np.argsort(dataset.interactions["timestamp"].to_numpy(), kind="stable")
+    return np.sort(order[: round(min(fraction, 1.0) * len(order))])
 
 
 def oldest(dataset: RawDataset, fraction: float) -> RawDataset:
@@ -153,8 +204,7 @@ def oldest(dataset: RawDataset, fraction: float) -> RawDataset:
     hold the newest part back as traffic to replay (tests, benchmark, demos)."""
     if fraction >= 1.0:
         return dataset
-    order = np.argsort(dataset.interactions["timestamp"].to_numpy(), kind="stable")
-    kept = np.sort(order[: round(fraction * len(order))])
+    kept = oldest_rows(dataset, fraction)
     return RawDataset(
         f"{dataset.name}-oldest{fraction:g}",
         dataset.users,

@@ -266,27 +266,19 @@ def run_gate(
     holdout: Holdout,
     config: GateConfig,
     data_hash: str,
-    production_until: int | None = None,
+    notes: list[str] | None = None,
     workdir: Path | None = None,
     train_config: TrainConfig | None = None,
     report: Callable[[str], None] = lambda _: None,
 ) -> Verdict:
     """Judge ``candidate`` (a complete version under ``root``) against ``production``.
 
-    ``production_until``: the newest timestamp production can have learnt from; holdout
-    rows up to it are left out, so production is never scored on its own training data.
+    The holdout must hold no row production learnt from (``cascade retrain`` splits so);
+    ``notes`` (what the holdout is made of) go into the verdict.
     """
-    notes = []
+    notes = [*(notes or [])]
     if production is None:
         notes.append(FIRST_DEPLOY)
-    elif production_until is not None:
-        before = len(holdout.rows)
-        holdout = holdout.newer_than(production_until)
-        if len(holdout.rows) < before:
-            notes.append(
-                f"{before - len(holdout.rows)} holdout rows at or before production's data "
-                f"(timestamp {production_until}) left out: {len(holdout.rows)} remain"
-            )
     evals = build_eval_set(holdout, config, seed=config.non_inferiority.seed)
     notes += evals.notes
     ranks = evals.rank_rows

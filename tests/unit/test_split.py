@@ -59,3 +59,40 @@ def test_per_user_split_rejects_bad_fractions() -> None:
 
     with pytest.raises(ConfigError, match="split fractions"):
         per_user_split(np.zeros(10), 0, (0.5, 0.5, 0.5))
+
+
+def test_holdout_split_holds_out_the_newest_window_minus_what_production_learnt() -> None:
+    from pipelines.split import holdout_split, time_split
+
+    rng = np.random.default_rng(0)
+    timestamps = rng.permutation(1000)
+    learnt = rng.random(1000) < 0.8
+    split = holdout_split(timestamps, learnt, (0.8, 0.1, 0.1), seed=1)
+    window = time_split(timestamps).test
+    assert np.array_equal(split.test, np.sort(window[~learnt[window]]))
+    together = np.concatenate([split.train, split.valid, split.test])
+    assert np.array_equal(np.sort(together), np.arange(1000))
+    # what production learnt in the window is the candidate's to learn too
+    assert set(window[learnt[window]]) <= set(split.train) | set(split.valid)
+    assert len(split.valid) == round(len(np.r_[split.train, split.valid]) / 9)
+    # validation is drawn at random, not the newest of the rest
+    assert timestamps[split.valid].min() < 500 < timestamps[split.valid].max()
+    again = holdout_split(timestamps, learnt, (0.8, 0.1, 0.1), seed=1)
+    assert np.array_equal(split.valid, again.valid)
+
+
+def test_holdout_split_with_nothing_learnt_is_the_time_window() -> None:
+    from pipelines.split import holdout_split, time_split
+
+    timestamps = np.arange(100)[::-1]
+    split = holdout_split(timestamps, np.zeros(100, bool))
+    assert np.array_equal(split.test, time_split(timestamps).test)
+
+
+def test_holdout_split_needs_one_flag_per_row() -> None:
+    from pipelines.split import holdout_split
+
+    with pytest.raises(ValueError, match="one flag per row"):
+        holdout_split(np.arange(10), np.zeros(9, bool))
+    with pytest.raises(ConfigError, match="split fractions"):
+        holdout_split(np.arange(10), np.zeros(10, bool), (0.5, 0.6, 0.1))
