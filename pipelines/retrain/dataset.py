@@ -13,6 +13,12 @@ retrieval positive = rating >= 3, ranking label = rating >= 4, rating 3 dropped)
 - events of users or items the base catalog does not know are dropped and counted (the
   towers and features need their attributes).
 
+Each row also says whether it is ``served``: derived from an answer the gateway logged (an
+event carrying the ``request_id`` of a logged impression set, or a skip-above negative).
+Such rows were chosen by the serving models, so the gate uses them as retrieval positives
+only, never as ranking rows (see ``pipelines.validation.holdout``); events without one
+(the user's own choices, or replayed data) are judged like the base data.
+
 Every row keeps its event time. The split (``pipelines.split.holdout_split``): the newest
 window by time, minus the rows production learnt from (``Learnt``), is the gate's holdout;
 every other row is training data for the candidate.
@@ -27,9 +33,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from pipelines.data.schema import INTERACTION_COLUMNS, RawDataset
+from pipelines.data.schema import INTERACTION_COLUMNS, RawDataset, oldest, oldest_rows
 from pipelines.split import Split, holdout_split, time_split
 from pipelines.validation.holdout import Holdout
+
+__all__ = ["Learnt", "TrainingData", "combine", "logged_interactions", "oldest", "oldest_rows"]
 
 CLICK_RATING = 5.0
 SKIP_RATING = 1.0
@@ -42,22 +50,30 @@ def _frame(rows: pd.DataFrame, rating: float) -> pd.DataFrame:
             "item_id": rows["item_id"].to_numpy(np.int64),
             "rating": np.full(len(rows), rating, np.float32),
             "timestamp": rows["timestamp"].to_numpy(np.int64),
+            "served": rows["served"].to_numpy(bool),
         }
     )
 
 
 def logged_interactions(feedback: pd.DataFrame, impressions: pd.DataFrame) -> pd.DataFrame:
-    """Rows (user_id, item_id, rating, timestamp) from parsed feedback and impressions."""
+    """Rows (user_id, item_id, rating, timestamp, served) from parsed feedback and
+    impressions."""
+    answered = feedback["request_id"].isin(impressions["request_id"]) & (
+        feedback["request_id"] != ""
+    )
+    feedback = feedback.assign(served=answered.to_numpy(bool))
     clicks = feedback[feedback["type"] == "click"].drop_duplicates(
         ["user_id", "item_id", "request_id", "timestamp"]
     )
     clicked_pairs = clicks[["user_id", "item_id"]].drop_duplicates()
 
-    shown = feedback[feedback["type"] == "impression"][["user_id", "item_id", "timestamp"]]
+    shown = feedback[feedback["type"] == "impression"][
+        ["user_id", "item_id", "timestamp", "served"]
+    ]
 
     with_click = clicks[clicks["request_id"] != ""][["request_id", "item_id"]]
     sets = impressions[impressions["request_id"].isin(with_click["request_id"])]
-    skipped = pd.DataFrame(columns=["user_id", "item_id", "timestamp"])
+    skipped = pd.DataFrame(columns=["user_id", "item_id", "timestamp", "served"])
     if len(sets):
         exploded = sets[["request_id", "user_id", "timestamp", "items"]].explode("items")
         exploded = exploded.rename(columns={"items": "item_id"})
@@ -71,7 +87,7 @@ def logged_interactions(feedback: pd.DataFrame, impressions: pd.DataFrame) -> pd
         ranked["lowest"] = ranked["request_id"].map(lowest)
         skipped = ranked[~hit & (ranked["rank"] < ranked["lowest"])][
             ["user_id", "item_id", "timestamp"]
-        ]
+        ].assign(served=True)
     negatives = pd.concat([shown, skipped], ignore_index=True)
     negatives = negatives.merge(
         clicked_pairs, on=["user_id", "item_id"], how="left", indicator=True
@@ -123,26 +139,31 @@ class TrainingData:
     data_hash: str
     window_rows: int = 0  # rows in the newest window, production's included
     learnt: Learnt = field(default_factory=Learnt)
+    served: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # per row
 
     def holdout_notes(self) -> list[str]:
         """What the holdout is made of (for the verdict)."""
         test = self.split.test
         logged = int((test >= self.base_rows).sum())
+        served = int(self.served[test].sum()) if len(self.served) else 0
         return [
             f"holdout: the newest {self.window_rows} rows minus the {self.window_rows - len(test)} "
             f"production learnt from ({self.learnt.source}), which went to training: "
-            f"{len(test)} rows, {len(test) - logged} of the base data and {logged} logged"
+            f"{len(test)} rows, {len(test) - logged} of the base data and {logged} logged "
+            f"({served} from served answers: retrieval positives only, no ranking rows)"
         ]
 
     def holdout(self) -> Holdout:
         """The most recent window (the split's test part) and everything before it."""
         rows = self.dataset.interactions
         before = np.sort(np.concatenate([self.split.train, self.split.valid]))
+        held = rows.iloc[self.split.test].reset_index(drop=True)
+        served = self.served[self.split.test] if len(self.served) else np.zeros(len(held), bool)
         return Holdout(
             self.dataset.users,
             self.dataset.items,
             rows.iloc[before].reset_index(drop=True),
-            rows.iloc[self.split.test].reset_index(drop=True),
+            held.assign(served=served),
         )
 
     def learnt_until(self) -> int:
@@ -169,6 +190,10 @@ def combine(
     dropped["unknown_user"] = int((~known_user).sum())
     dropped["unknown_item"] = int((known_user & ~known_item).sum())
     kept = logged[known_user & known_item]
+    served = np.r_[
+        np.zeros(len(base.interactions), bool),
+        kept["served"].to_numpy(bool) if "served" in kept else np.zeros(len(kept), bool),
+    ]
     interactions = pd.concat(
         [base.interactions[list(INTERACTION_COLUMNS)], kept[list(INTERACTION_COLUMNS)]],
         ignore_index=True,
@@ -190,24 +215,5 @@ def combine(
         data_hash=digest.hexdigest()[:16],
         window_rows=len(split.test) + int(mask[time_split(timestamps, fractions).test].sum()),
         learnt=learnt,
-    )
-
-
-def oldest_rows(dataset: RawDataset, fraction: float) -> np.ndarray:
-    """Positions of the oldest ``fraction`` of the interactions (by time), in row order."""
-    order = np.argsort(dataset.interactions["timestamp"].to_numpy(), kind="stable")
-    return np.sort(order[: round(min(fraction, 1.0) * len(order))])
-
-
-def oldest(dataset: RawDataset, fraction: float) -> RawDataset:
-    """The base data set cut to its oldest ``fraction`` of interactions (by time); used to
-    hold the newest part back as traffic to replay (tests, benchmark, demos)."""
-    if fraction >= 1.0:
-        return dataset
-    kept = oldest_rows(dataset, fraction)
-    return RawDataset(
-        f"{dataset.name}-oldest{fraction:g}",
-        dataset.users,
-        dataset.items,
-        dataset.interactions.iloc[kept].reset_index(drop=True),
+        served=served,
     )

@@ -113,9 +113,10 @@ def production_learnt(
     (``base_rows``: their positions in ``full_base``).
 
     - a version made by ``cascade retrain`` recorded ``learnt_until``: every row up to it;
-    - a version made by ``cascade train`` on the same data (its manifest's data hash) with a
-      random split: that split, reconstructed from the recorded protocol and seed; its
-      training and validation rows count as learnt (validation chose its epochs and blend);
+    - a version made by ``cascade train`` on the same data (its manifest's data hash; with
+      ``--base-fraction``, on its oldest part) with a random split: that split,
+      reconstructed from the recorded protocol and seed; its training and validation rows
+      count as learnt (validation chose its epochs and blend), newer rows are new to it;
     - anything else: the whole base data set (its newest timestamp).
     """
     if production is None:
@@ -127,18 +128,23 @@ def production_learnt(
         return Learnt(until=int(until), source=f"version {production}: rows up to {until}")
     config = manifest.get("config", {})
     protocol = manifest.get("split_protocol", config.get("split_protocol"))
+    fraction = float(manifest.get("base_fraction", 1.0))
+    trained = oldest(full_base, fraction) if 0 < fraction <= 1 else None
     if (
-        manifest.get("data_hash") == full_base.content_hash()
+        trained is not None
+        and manifest.get("data_hash") == trained.content_hash()
         and protocol in ("global", "per_user")
         and isinstance(config.get("seed"), int)
     ):
-        split = split_for(full_base, TrainConfig(seed=config["seed"], split_protocol=protocol))
+        split = split_for(trained, TrainConfig(seed=config["seed"], split_protocol=protocol))
+        positions = oldest_rows(full_base, fraction)  # trained's rows in full_base
         learnt = np.zeros(len(full_base.interactions), bool)
-        learnt[split.train] = learnt[split.valid] = True
+        learnt[positions[split.train]] = learnt[positions[split.valid]] = True
+        of = f" of the oldest {fraction:g} of the data" if fraction < 1 else ""
         return Learnt(
             base_rows=learnt[base_rows],
-            source=f"version {production}: its {protocol} random split, seed {config['seed']}, "
-            "reconstructed",
+            source=f"version {production}: its {protocol} random split{of}, seed "
+            f"{config['seed']}, reconstructed",
         )
     newest = int(full_base.interactions["timestamp"].max())
     return Learnt(

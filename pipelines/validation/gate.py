@@ -6,7 +6,10 @@ A candidate passes only if every check passes:
   its ceiling;
 - non-inferiority (when there is a production version): for each main metric, the lower
   bound of the paired bootstrap interval of the relative difference (candidate vs
-  production, resampling users) is above -margin; a point estimate alone never passes;
+  production, resampling users) is above -margin; a point estimate alone never passes.
+  A failed comparison says which way it failed: ``worse`` (the whole interval below
+  -margin) or ``insufficient evidence`` (the interval straddles -margin: the holdout is too
+  small to tell, with an estimate of how many times more users would do);
 - slices: each declared slice has its minimum sample (else it fails as missing) and passes
   its own floors;
 - sanity: finite, non-constant scores; ONNX equals torch on holdout inputs; the ANN index
@@ -86,6 +89,42 @@ def floor_checks(scored: Scored, evals: EvalSet, config: GateConfig) -> list[Che
     ]
 
 
+NON_INFERIOR, WORSE, INSUFFICIENT = "non_inferior", "worse", "insufficient_evidence"
+
+
+def non_inferiority_outcome(relative: float, low: float, high: float, margin: float) -> str:
+    """``non_inferior`` (low > -margin), ``worse`` (high < -margin), else
+    ``insufficient_evidence``; NaN bounds (nothing to compare) are insufficient evidence."""
+    if np.isfinite(low) and low > -margin:
+        return NON_INFERIOR
+    if np.isfinite(high) and high < -margin:
+        return WORSE
+    return INSUFFICIENT
+
+
+def users_needed_factor(relative: float, low: float, margin: float) -> float | None:
+    """How many times the holdout's users would bring the lower bound above -margin at the
+    same point estimate (the interval narrows as 1 / sqrt(users)); None when the point
+    estimate itself is at or below -margin (no holdout size would do)."""
+    if not (np.isfinite(relative) and np.isfinite(low)) or relative <= -margin:
+        return None
+    return float(((relative - low) / (relative + margin)) ** 2)
+
+
+def _outcome_detail(outcome: str, relative: float, low: float, margin: float) -> str:
+    if outcome == NON_INFERIOR:
+        return "non-inferior"
+    if outcome == WORSE:
+        return f"WORSE: the whole interval is below -{margin:g}"
+    factor = users_needed_factor(relative, low, margin)
+    more = (
+        f"about {factor:.1f}x the holdout users would show it at this difference"
+        if factor is not None
+        else "the point estimate itself is below the margin"
+    )
+    return f"INSUFFICIENT EVIDENCE: the interval straddles -{margin:g} ({more})"
+
+
 def non_inferiority_checks(
     candidate: Scored, production: Scored, evals: EvalSet, config: GateConfig
 ) -> list[Check]:
@@ -114,16 +153,19 @@ def non_inferiority_checks(
                 rules.seed,
             )
         better = "lower" if metric in LOWER_IS_BETTER else "higher"
+        outcome = non_inferiority_outcome(interval.relative, interval.low, interval.high, margin)
         checks.append(
             Check(
                 f"non_inferiority.{metric}",
                 interval.relative,
                 -margin,
-                bool(np.isfinite(interval.low)) and interval.low > -margin,
+                outcome == NON_INFERIOR,
+                f"{_outcome_detail(outcome, interval.relative, interval.low, margin)}: "
                 f"candidate {interval.candidate:.4f} vs production {interval.production:.4f} "
                 f"({better} is better); lower bound must be > -{margin:g}",
                 (interval.low, interval.high),
                 "non_inferiority",
+                outcome,
             )
         )
     return checks

@@ -49,6 +49,30 @@ def test_clicks_are_positives_and_skipped_items_negatives() -> None:
     assert rows["timestamp"].is_monotonic_increasing
 
 
+def test_rows_of_served_answers_are_marked() -> None:
+    feedback = _feedback(
+        [
+            ("1-0", 1, 30, "click", 100, 1, "a"),  # on a logged answer: served
+            ("2-0", 2, 40, "click", 101, 1, ""),  # the user's own choice
+            ("3-0", 2, 50, "impression", 102, 1, ""),  # shown, not answered: not served
+            ("4-0", 3, 60, "click", 103, 1, "gone"),  # its answer is not in the log
+        ]
+    )
+    impressions = pd.DataFrame(
+        {
+            "stream_id": ["1-0"],
+            "request_id": ["a"],
+            "user_id": [1],
+            "model_version": [1],
+            "timestamp": [99],
+            "items": [[10, 30]],
+        }
+    )
+    rows = logged_interactions(feedback, impressions)
+    served = {(int(u), int(i)): bool(f) for u, i, f in rows[["user_id", "item_id", "served"]].values}
+    assert served == {(1, 30): True, (1, 10): True, (2, 40): False, (2, 50): False, (3, 60): False}
+
+
 def _raw() -> RawDataset:
     users = pd.DataFrame(
         {

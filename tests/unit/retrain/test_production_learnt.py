@@ -55,3 +55,21 @@ def test_another_data_set_or_no_record_means_all_base_data(tmp_path: Path) -> No
         learnt = production_learnt(tmp_path, version, DATA, ALL_ROWS)
         assert learnt.until == newest and learnt.base_rows is None
         assert "split is unknown" in learnt.source
+
+
+def test_a_version_trained_on_the_oldest_part_learnt_nothing_newer(tmp_path: Path) -> None:
+    from pipelines.data.schema import oldest, oldest_rows
+
+    trained = oldest(DATA, 0.7)
+    config = {"seed": 0, "split_protocol": "global"}
+    _manifest(
+        tmp_path, 1, {"data_hash": trained.content_hash(), "config": config, "base_fraction": 0.7}
+    )
+    learnt = production_learnt(tmp_path, 1, DATA, ALL_ROWS)
+    assert learnt.base_rows is not None and "oldest 0.7 of the data" in learnt.source
+    positions = oldest_rows(DATA, 0.7)
+    newer = np.setdiff1d(ALL_ROWS, positions)
+    assert not learnt.base_rows[newer].any()  # the newest 30 %: new to production
+    split = split_for(trained, TrainConfig(seed=0))
+    assert learnt.base_rows[positions[split.train]].all()
+    assert not learnt.base_rows[positions[split.test]].any()
