@@ -26,10 +26,10 @@ from typing import Any, Protocol
 import numpy as np
 
 from pipelines.config import TrainConfig
+from pipelines.data.schema import RawDataset
 from pipelines.errors import ConfigError
 from pipelines.export.exporter import run_export
 from pipelines.export.repository import next_version
-from pipelines.data.schema import RawDataset
 from pipelines.pipeline import DATASET_INFO, load_dataset, split_for
 from pipelines.prepare import prepare
 from pipelines.retrain.dataset import Learnt, combine, logged_interactions, oldest, oldest_rows

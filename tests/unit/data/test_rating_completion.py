@@ -23,4 +23,6 @@ def test_unknown_ids_get_the_mean_and_fitting_is_seeded() -> None:
     )
     a, b = fit_rating_completion(rows, rank=2), fit_rating_completion(rows, rank=2)
     assert a.predict(np.array([99]), np.array([98]))[0] == a.mean == 3.25
-    assert np.array_equal(a.predict(rows["user_id"], rows["item_id"]), b.predict(rows["user_id"], rows["item_id"]))
+    assert np.array_equal(
+        a.predict(rows["user_id"], rows["item_id"]), b.predict(rows["user_id"], rows["item_id"])
+    )

@@ -69,7 +69,9 @@ def test_rows_of_served_answers_are_marked() -> None:
         }
     )
     rows = logged_interactions(feedback, impressions)
-    served = {(int(u), int(i)): bool(f) for u, i, f in rows[["user_id", "item_id", "served"]].values}
+    served = {
+        (int(u), int(i)): bool(f) for u, i, f in rows[["user_id", "item_id", "served"]].values
+    }
     assert served == {(1, 30): True, (1, 10): True, (2, 40): False, (2, 50): False, (3, 60): False}
 
 
@@ -152,6 +154,10 @@ def test_a_retrained_production_learnt_every_row_up_to_its_time() -> None:
 
 def test_oldest_rows_are_positions_in_row_order() -> None:
     raw = _raw()
-    shuffled = RawDataset("s", raw.users, raw.items, raw.interactions.iloc[::-1].reset_index(drop=True))
+    shuffled = RawDataset(
+        "s", raw.users, raw.items, raw.interactions.iloc[::-1].reset_index(drop=True)
+    )
     rows = oldest_rows(shuffled, 0.25)
-    assert np.all(np.diff(rows) > 0) and sorted(shuffled.interactions["timestamp"][rows]) == list(range(10))
+    assert np.all(np.diff(rows) > 0) and sorted(shuffled.interactions["timestamp"][rows]) == list(
+        range(10)
+    )

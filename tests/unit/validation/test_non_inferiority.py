@@ -67,13 +67,18 @@ def test_checks_say_which_way_they_failed() -> None:
         {"non_inferiority": {"margins": {"recall@10": 0.1, "ndcg@10": 0.5, "auc": 0.01}}}
     )
     candidate = _scored(production * 0.5, logits)  # half the recall: clearly worse
-    checks = {c.name: c for c in non_inferiority_checks(candidate, _scored(production, logits), evals, config)}
+    checks = {
+        c.name: c
+        for c in non_inferiority_checks(candidate, _scored(production, logits), evals, config)
+    }
     assert checks["non_inferiority.recall@10"].outcome == WORSE
     assert "WORSE" in checks["non_inferiority.recall@10"].detail
     assert checks["non_inferiority.auc"].outcome == NON_INFERIOR  # identical scores
     flat = np.full(users, 0.5)
     noisy = _scored(np.tile([0.1, 0.85], users // 2), logits)  # -5 %, but widely spread
-    checks = {c.name: c for c in non_inferiority_checks(noisy, _scored(flat, logits), evals, config)}
+    checks = {
+        c.name: c for c in non_inferiority_checks(noisy, _scored(flat, logits), evals, config)
+    }
     unsure = checks["non_inferiority.recall@10"]
     assert unsure.outcome == INSUFFICIENT and not unsure.passed
     assert "INSUFFICIENT EVIDENCE" in unsure.detail and "x the holdout users" in unsure.detail
