@@ -6,7 +6,7 @@ interactions); ``per_user_split`` cuts each user's interactions 8:1:1 at random
 ``time_split`` cuts by time: the oldest rows train, the next window validates, the most
 recent window tests; ``holdout_split`` is what ``cascade retrain`` uses: the most recent
 window minus what production learnt is the test set (the validation gate's holdout), so
-candidate and production are judged on rows neither learnt from, and every other row is
+candidate and production are judged on rows neither learnt from, and every older row is
 the candidate's to learn from.
 
 One split of all interactions serves both protocols: retrieval keeps rating >= 3 as
@@ -105,29 +105,48 @@ def time_split(
     )
 
 
+def judged_window(
+    timestamps: np.ndarray, served: np.ndarray, fractions: tuple[float, float, float]
+) -> np.ndarray:
+    """Positions of the newest ``fractions[2]`` of the rows that are not ``served``."""
+    judged = np.flatnonzero(~np.asarray(served, dtype=bool))
+    return judged[time_split(np.asarray(timestamps)[judged], fractions).test]
+
+
 def holdout_split(
     timestamps: np.ndarray,
     learnt: np.ndarray,
+    served: np.ndarray | None = None,
     fractions: tuple[float, float, float] = (0.8, 0.1, 0.1),
     seed: int = 0,
 ) -> Split:
-    """The retrain's split: test is the newest ``fractions[2]`` of the rows by time (the
-    window of ``time_split``) except the rows production ``learnt`` from (a boolean mask);
-    the other rows (older ones, and the window's rows production learnt) are the
-    candidate's, ``fractions[1] / (fractions[0] + fractions[1])`` of them drawn at random
-    (seeded) for validation.
+    """The retrain's split.
 
-    Why not the rest by time as well: a time-cut validation window holds out whole recent
-    users (MovieLens users rate in one burst), whom production, trained on a random split,
-    learnt; the candidate then loses to production on exactly the users the holdout is
-    made of. What production learnt, the candidate may learn too.
+    The window is the newest ``fractions[2]`` of the rows a gate may judge (all rows but
+    the ``served`` ones: rows derived from answers the serving models chose, biased towards
+    them); test is the window minus the rows production ``learnt`` from, plus the served
+    rows from the window's start on that production did not learn (held out, so nothing
+    newer than the holdout is trained on, but never judged: ``TrainingData.holdout`` leaves
+    them out). Every other row (older ones, and what production learnt) is the candidate's,
+    ``fractions[1] / (fractions[0] + fractions[1])`` of them drawn at random (seeded) for
+    validation.
+
+    Why validation is not the newest of the rest: a time-cut validation window holds out
+    whole recent users (MovieLens users rate in one burst), whom production, trained on a
+    random split, learnt; the candidate then loses to production on exactly the users the
+    holdout is made of. What production learnt, the candidate may learn too.
     """
     _check_fractions(fractions)
     learnt = np.asarray(learnt, dtype=bool)
-    if learnt.shape != np.shape(timestamps):
-        raise ValueError("learnt needs one flag per row")
+    served = np.zeros(len(learnt), bool) if served is None else np.asarray(served, dtype=bool)
+    if learnt.shape != np.shape(timestamps) or served.shape != learnt.shape:
+        raise ValueError("learnt and served need one flag per row")
+    timestamps = np.asarray(timestamps)
     in_test = np.zeros(len(learnt), dtype=bool)
-    in_test[time_split(timestamps, fractions).test] = True
+    window = judged_window(timestamps, served, fractions)
+    in_test[window] = True
+    if len(window):
+        in_test |= served & (timestamps >= timestamps[window].min())
     in_test &= ~learnt
     rest = np.flatnonzero(~in_test)
     kept = fractions[0] + fractions[1]

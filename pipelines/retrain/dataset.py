@@ -15,13 +15,14 @@ retrieval positive = rating >= 3, ranking label = rating >= 4, rating 3 dropped)
 
 Each row also says whether it is ``served``: derived from an answer the gateway logged (an
 event carrying the ``request_id`` of a logged impression set, or a skip-above negative).
-Such rows were chosen by the serving models, so the gate uses them as retrieval positives
-only, never as ranking rows (see ``pipelines.validation.holdout``); events without one
-(the user's own choices, or replayed data) are judged like the base data.
+The serving models chose what such rows show, so the gate never judges them (they favour
+production: see ``pipelines.split.holdout_split``); they train later candidates once older
+than the holdout window. Events without one (the user's own choices, or replayed data)
+are judged like the base data.
 
 Every row keeps its event time. The split (``pipelines.split.holdout_split``): the newest
-window by time, minus the rows production learnt from (``Learnt``), is the gate's holdout;
-every other row is training data for the candidate.
+window of the rows no serving model chose, minus the rows production learnt from
+(``Learnt``), is the gate's holdout; every older row is training data for the candidate.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from pipelines.data.schema import INTERACTION_COLUMNS, RawDataset, oldest, oldest_rows
-from pipelines.split import Split, holdout_split, time_split
+from pipelines.split import Split, holdout_split, judged_window
 from pipelines.validation.holdout import Holdout
 
 __all__ = ["Learnt", "TrainingData", "combine", "logged_interactions", "oldest", "oldest_rows"]
@@ -137,33 +138,39 @@ class TrainingData:
     logged_rows: int
     dropped: Counter
     data_hash: str
-    window_rows: int = 0  # rows in the newest window, production's included
     learnt: Learnt = field(default_factory=Learnt)
     served: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # per row
+    window_rows: int = 0  # the judged window, with the rows production learnt
+    learnt_in_window: int = 0
 
     def holdout_notes(self) -> list[str]:
         """What the holdout is made of (for the verdict)."""
         test = self.split.test
-        logged = int((test >= self.base_rows).sum())
-        served = int(self.served[test].sum()) if len(self.served) else 0
+        served = self.served[test] if len(self.served) else np.zeros(len(test), bool)
+        judged = test[~served]
+        logged = int((judged >= self.base_rows).sum())
         return [
-            f"holdout: the newest {self.window_rows} rows minus the {self.window_rows - len(test)} "
-            f"production learnt from ({self.learnt.source}), which went to training: "
-            f"{len(test)} rows, {len(test) - logged} of the base data and {logged} logged "
-            f"({served} from served answers: retrieval positives only, no ranking rows)"
+            f"holdout: the newest {self.window_rows} rows no serving model chose, minus the "
+            f"{self.learnt_in_window} production learnt from ({self.learnt.source}; they train "
+            f"the candidate): {len(judged)} rows, {len(judged) - logged} of the base data and "
+            f"{logged} logged",
+            f"{int(served.sum())} rows of served answers in the same period are held out but "
+            "not judged: production chose what they show, so they favour it",
         ]
 
     def holdout(self) -> Holdout:
-        """The most recent window (the split's test part) and everything before it."""
+        """The judged holdout (the split's test part less served rows) and everything the
+        candidate learnt from."""
         rows = self.dataset.interactions
         before = np.sort(np.concatenate([self.split.train, self.split.valid]))
-        held = rows.iloc[self.split.test].reset_index(drop=True)
-        served = self.served[self.split.test] if len(self.served) else np.zeros(len(held), bool)
+        test = self.split.test
+        if len(self.served):
+            test = test[~self.served[test]]
         return Holdout(
             self.dataset.users,
             self.dataset.items,
             rows.iloc[before].reset_index(drop=True),
-            held.assign(served=served),
+            rows.iloc[test].reset_index(drop=True),
         )
 
     def learnt_until(self) -> int:
@@ -205,7 +212,8 @@ def combine(
     timestamps = interactions["timestamp"].to_numpy()
     mask = learnt.mask(len(base.interactions), timestamps)
     digest.update(np.packbits(mask).tobytes())
-    split = holdout_split(timestamps, mask, fractions, seed)
+    split = holdout_split(timestamps, mask, served, fractions, seed)
+    window = judged_window(timestamps, served, fractions)
     return TrainingData(
         dataset=combined,
         split=split,
@@ -213,7 +221,8 @@ def combine(
         logged_rows=len(kept),
         dropped=+dropped,
         data_hash=digest.hexdigest()[:16],
-        window_rows=len(split.test) + int(mask[time_split(timestamps, fractions).test].sum()),
         learnt=learnt,
         served=served,
+        window_rows=len(window),
+        learnt_in_window=int(mask[window].sum()),
     )

@@ -6,10 +6,9 @@ A candidate passes only if every check passes:
   its ceiling;
 - non-inferiority (when there is a production version): for each main metric, the lower
   bound of the paired bootstrap interval of the relative difference (candidate vs
-  production, resampling users) is above -margin; a point estimate alone never passes.
-  A failed comparison says which way it failed: ``worse`` (the whole interval below
-  -margin) or ``insufficient evidence`` (the interval straddles -margin: the holdout is too
-  small to tell, with an estimate of how many times more users would do);
+  production, resampling users) is above -margin; a point estimate alone never passes. A
+  failed comparison says which way: ``worse`` or ``insufficient evidence``
+  (``pipelines.validation.non_inferiority``);
 - slices: each declared slice has its minimum sample (else it fails as missing) and passes
   its own floors;
 - sanity: finite, non-constant scores; ONNX equals torch on holdout inputs; the ANN index
@@ -32,14 +31,13 @@ from pipelines.errors import ArtifactError, ConfigError
 from pipelines.evaluation.metrics import auc, logloss, sigmoid
 from pipelines.evaluation.popularity_check import describe, recorded_checks
 from pipelines.validation import sanity
-from pipelines.validation.bootstrap import paired_ranking_metric, paired_user_metric
 from pipelines.validation.config import LOWER_IS_BETTER, GateConfig
 from pipelines.validation.holdout import SLICES, EvalSet, Holdout, build_eval_set
+from pipelines.validation.non_inferiority import RETRIEVAL_METRICS, non_inferiority_checks
 from pipelines.validation.scoring import ExportedVersion, Scored
 from pipelines.validation.verdict import Check, Verdict
 
 log = logging.getLogger(__name__)
-RETRIEVAL_METRICS = ("recall@10", "ndcg@10")
 FIRST_DEPLOY = "first deploy: floors only (no production version to compare with)"
 
 
@@ -87,88 +85,6 @@ def floor_checks(scored: Scored, evals: EvalSet, config: GateConfig) -> list[Che
         )
         for metric, threshold in config.floors.as_dict().items()
     ]
-
-
-NON_INFERIOR, WORSE, INSUFFICIENT = "non_inferior", "worse", "insufficient_evidence"
-
-
-def non_inferiority_outcome(relative: float, low: float, high: float, margin: float) -> str:
-    """``non_inferior`` (low > -margin), ``worse`` (high < -margin), else
-    ``insufficient_evidence``; NaN bounds (nothing to compare) are insufficient evidence."""
-    if np.isfinite(low) and low > -margin:
-        return NON_INFERIOR
-    if np.isfinite(high) and high < -margin:
-        return WORSE
-    return INSUFFICIENT
-
-
-def users_needed_factor(relative: float, low: float, margin: float) -> float | None:
-    """How many times the holdout's users would bring the lower bound above -margin at the
-    same point estimate (the interval narrows as 1 / sqrt(users)); None when the point
-    estimate itself is at or below -margin (no holdout size would do)."""
-    if not (np.isfinite(relative) and np.isfinite(low)) or relative <= -margin:
-        return None
-    return float(((relative - low) / (relative + margin)) ** 2)
-
-
-def _outcome_detail(outcome: str, relative: float, low: float, margin: float) -> str:
-    if outcome == NON_INFERIOR:
-        return "non-inferior"
-    if outcome == WORSE:
-        return f"WORSE: the whole interval is below -{margin:g}"
-    factor = users_needed_factor(relative, low, margin)
-    more = (
-        f"about {factor:.1f}x the holdout users would show it at this difference"
-        if factor is not None
-        else "the point estimate itself is below the margin"
-    )
-    return f"INSUFFICIENT EVIDENCE: the interval straddles -{margin:g} ({more})"
-
-
-def non_inferiority_checks(
-    candidate: Scored, production: Scored, evals: EvalSet, config: GateConfig
-) -> list[Check]:
-    rules = config.non_inferiority
-    labels = evals.rank_rows["label"].to_numpy()
-    row_users = evals.rank_rows["user_id"].to_numpy()
-    checks = []
-    for metric, margin in rules.margins.items():
-        if metric in RETRIEVAL_METRICS:
-            interval = paired_user_metric(
-                candidate.retrieval[metric],
-                production.retrieval[metric],
-                rules.resamples,
-                rules.confidence,
-                rules.seed,
-            )
-        else:
-            interval = paired_ranking_metric(
-                metric,
-                labels,
-                candidate.logits,
-                production.logits,
-                row_users,
-                rules.resamples,
-                rules.confidence,
-                rules.seed,
-            )
-        better = "lower" if metric in LOWER_IS_BETTER else "higher"
-        outcome = non_inferiority_outcome(interval.relative, interval.low, interval.high, margin)
-        checks.append(
-            Check(
-                f"non_inferiority.{metric}",
-                interval.relative,
-                -margin,
-                outcome == NON_INFERIOR,
-                f"{_outcome_detail(outcome, interval.relative, interval.low, margin)}: "
-                f"candidate {interval.candidate:.4f} vs production {interval.production:.4f} "
-                f"({better} is better); lower bound must be > -{margin:g}",
-                (interval.low, interval.high),
-                "non_inferiority",
-                outcome,
-            )
-        )
-    return checks
 
 
 def slice_checks(scored: Scored, evals: EvalSet, config: GateConfig) -> list[Check]:
@@ -370,9 +286,8 @@ def run_gate(
                     production_scored = other.score(holdout, evals)
                 finally:
                     other.close()
-                if len(evals.users) and len(ranks):
-                    report("gate: paired bootstrap")
-                    checks += non_inferiority_checks(scored, production_scored, evals, config)
+                report("gate: paired bootstrap")
+                checks += non_inferiority_checks(scored, production_scored, evals, config)
         checks += slice_checks(scored, evals, config)
         report("gate: sanity checks")
         checks += sanity_checks(

@@ -21,16 +21,7 @@ SLICES = ("new_users", "heavy_users", "long_tail_items")
 
 @dataclass(frozen=True)
 class Holdout:
-    """Raw tables: the catalog, the interactions before the holdout window, and the window.
-
-    ``rows`` may carry a boolean ``served`` column: rows derived from answers the gateway
-    served (clicks on them, items ranked above a click). They count as retrieval positives
-    but never as ranking rows: their selection is the serving ranker's own (skip-above
-    negatives are items it scored above the click, so AUC on them is biased against any
-    ranker like production's) and their label is a click on a served list, not the rating
-    the ranker predicts (measured on the MovieLens walkthrough: AUC 0.53 and LogLoss 2.8 for
-    candidate and production alike, against 0.81 and 0.42 on the base data's rows).
-    """
+    """Raw tables: the catalog, the interactions before the holdout window, and the window."""
 
     users: pd.DataFrame
     items: pd.DataFrame
@@ -66,8 +57,7 @@ class EvalSet:
     (rating >= 3, an item the user had no interaction with before), ``truth`` per user,
     ``seen`` (every item of the user before the window: excluded from the ranking, as
     serving filters them), ``history`` (positives before the window, oldest first).
-    Ranking: ``rank_rows`` (user_id, item_id, timestamp, label; rating == 3 and served rows
-    dropped).
+    Ranking: ``rank_rows`` (user_id, item_id, timestamp, label; rating == 3 dropped).
     Slices: boolean masks over ``users`` and over ``rank_rows``; ``tail_truth`` is each
     user's new positives on long-tail items.
     """
@@ -125,10 +115,7 @@ def build_eval_set(holdout: Holdout, config: GateConfig, seed: int = 0) -> EvalS
         "long_tail_items": np.asarray([len(t) > 0 for t in tail_truth], bool),
     }
 
-    judged = rows["rating"] != POSITIVE_RATING
-    if "served" in rows:
-        judged &= ~rows["served"].to_numpy(bool)
-    rank_rows = rows[judged][["user_id", "item_id", "timestamp"]].copy()
+    rank_rows = rows[rows["rating"] != POSITIVE_RATING][["user_id", "item_id", "timestamp"]].copy()
     rank_rows["label"] = (rows.loc[rank_rows.index, "rating"] >= LIKED_RATING).astype(np.float32)
     if len(rank_rows) > config.holdout.max_rows:
         notes.append(

@@ -138,9 +138,10 @@ def test_the_holdout_leaves_out_the_base_rows_production_learnt() -> None:
     # production's held-out row outside the window (10)
     trained = data.dataset.interactions.iloc[np.r_[data.split.train, data.split.valid]]
     assert {10, 39} <= set(trained["timestamp"])
-    (note,) = data.holdout_notes()
-    assert "newest 4 rows minus the 1 production learnt from (its split)" in note
-    assert "3 rows, 1 of the base data and 2 logged" in note
+    note, served = data.holdout_notes()
+    assert "newest 4 rows no serving model chose, minus the 1 production learnt from" in note
+    assert "(its split; they train the candidate): 3 rows, 1 of the base data and 2 logged" in note
+    assert served.startswith("0 rows of served answers")
     with pytest.raises(ValueError, match="do not match the base rows"):
         combine(raw, LOGGED, learnt=Learnt(base_rows=learnt[:5]))
 
@@ -161,3 +162,13 @@ def test_oldest_rows_are_positions_in_row_order() -> None:
     assert np.all(np.diff(rows) > 0) and sorted(shuffled.interactions["timestamp"][rows]) == list(
         range(10)
     )
+
+
+def test_rows_of_served_answers_are_held_out_but_not_judged() -> None:
+    logged = LOGGED.assign(served=[True, True, False, True])  # (1, 3, 100) and (1, 2, 103)
+    data = combine(_raw(), logged)
+    held = data.holdout().rows
+    assert 103 not in set(held["timestamp"]) and 100 not in set(held["timestamp"])
+    trained = data.dataset.interactions.iloc[np.r_[data.split.train, data.split.valid]]
+    assert trained["timestamp"].max() < 100  # nothing newer than the window is trained on
+    assert data.holdout_notes()[1].startswith("2 rows of served answers")

@@ -7,7 +7,8 @@ import pandas as pd
 import pytest
 
 from pipelines.validation.config import GateConfig
-from pipelines.validation.gate import (
+from pipelines.validation.holdout import EvalSet
+from pipelines.validation.non_inferiority import (
     INSUFFICIENT,
     NON_INFERIOR,
     WORSE,
@@ -15,7 +16,6 @@ from pipelines.validation.gate import (
     non_inferiority_outcome,
     users_needed_factor,
 )
-from pipelines.validation.holdout import EvalSet
 from pipelines.validation.scoring import Scored
 from pipelines.validation.verdict import Verdict, table
 
@@ -87,3 +87,18 @@ def test_checks_say_which_way_they_failed() -> None:
     assert verdict.as_dict()["insufficient_evidence"] == ["non_inferiority.recall@10"]
     assert verdict.as_dict()["worse"] == []
     assert "insufficient evidence (the holdout cannot tell, not shown worse)" in table(verdict)
+
+
+def test_nothing_to_compare_on_is_insufficient_evidence() -> None:
+    no_rows = pd.DataFrame({"user_id": [], "item_id": [], "label": []})
+    evals = EvalSet(np.arange(3), [], [], [], no_rows)  # users, but no ranking rows
+    scored = _scored(np.array([0.2, 0.4, 0.6]), np.zeros(0))
+    checks = {c.name: c for c in non_inferiority_checks(scored, scored, evals, GateConfig())}
+    assert checks["non_inferiority.recall@10"].outcome == NON_INFERIOR  # identical
+    for name in ("non_inferiority.auc", "non_inferiority.logloss"):
+        assert checks[name].outcome == INSUFFICIENT and not checks[name].passed
+        assert "no holdout ranking rows" in checks[name].detail
+    nobody = EvalSet(np.zeros(0, np.int64), [], [], [], no_rows)
+    empty = _scored(np.zeros(0), np.zeros(0))
+    checks = {c.name: c for c in non_inferiority_checks(empty, empty, nobody, GateConfig())}
+    assert "no holdout users" in checks["non_inferiority.recall@10"].detail

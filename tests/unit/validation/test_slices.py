@@ -93,15 +93,3 @@ def test_an_unknown_slice_is_a_config_error(holdout: Holdout) -> None:
     config = GateConfig(slices={"vip": SliceRule()})
     with pytest.raises(ConfigError, match="vip"):
         slice_checks(_scored(4, 7), build_eval_set(holdout, config), config)
-
-
-def test_served_rows_are_retrieval_positives_but_never_ranking_rows(holdout: Holdout) -> None:
-    served = np.zeros(len(holdout.rows), bool)
-    served[[0, 1]] = True  # user 1's click on item 9 and the item ranked above it
-    marked = Holdout(
-        holdout.users, holdout.items, holdout.before, holdout.rows.assign(served=served)
-    )
-    plain, evals = build_eval_set(holdout, GateConfig()), build_eval_set(marked, GateConfig())
-    assert evals.users.tolist() == plain.users.tolist() and evals.truth[0].tolist() == [9]
-    assert len(evals.rank_rows) == len(plain.rank_rows) - 2
-    assert 1 not in evals.rank_rows["user_id"].tolist()
