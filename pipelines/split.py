@@ -124,12 +124,11 @@ def holdout_split(
 
     The window is the newest ``fractions[2]`` of the rows a gate may judge (all rows but
     the ``served`` ones: rows derived from answers the serving models chose, biased towards
-    them); test is the window minus the rows production ``learnt`` from, plus the served
-    rows from the window's start on that production did not learn (held out, so nothing
-    newer than the holdout is trained on, but never judged: ``TrainingData.holdout`` leaves
-    them out). Every other row (older ones, and what production learnt) is the candidate's,
-    ``fractions[1] / (fractions[0] + fractions[1])`` of them drawn at random (seeded) for
-    validation.
+    them); test is the window minus the rows production ``learnt`` from. The served rows
+    from the window's start on that production did not learn are in no part: never judged,
+    and not trained on (nothing newer than the holdout is). Every other row (older ones,
+    and what production learnt) is the candidate's, ``fractions[1] / (fractions[0] +
+    fractions[1])`` of them drawn at random (seeded) for validation.
 
     Why validation is not the newest of the rest: a time-cut validation window holds out
     whole recent users (MovieLens users rate in one burst), whom production, trained on a
@@ -145,10 +144,10 @@ def holdout_split(
     in_test = np.zeros(len(learnt), dtype=bool)
     window = judged_window(timestamps, served, fractions)
     in_test[window] = True
-    if len(window):
-        in_test |= served & (timestamps >= timestamps[window].min())
     in_test &= ~learnt
-    rest = np.flatnonzero(~in_test)
+    held = served & ~learnt
+    held &= timestamps >= timestamps[window].min() if len(window) else False
+    rest = np.flatnonzero(~in_test & ~held)
     kept = fractions[0] + fractions[1]
     n_valid = round(fractions[1] / kept * len(rest)) if kept > 0 else 0
     order = np.random.default_rng(seed).permutation(rest)

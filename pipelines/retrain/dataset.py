@@ -139,38 +139,34 @@ class TrainingData:
     dropped: Counter
     data_hash: str
     learnt: Learnt = field(default_factory=Learnt)
-    served: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # per row
     window_rows: int = 0  # the judged window, with the rows production learnt
     learnt_in_window: int = 0
 
     def holdout_notes(self) -> list[str]:
         """What the holdout is made of (for the verdict)."""
         test = self.split.test
-        served = self.served[test] if len(self.served) else np.zeros(len(test), bool)
-        judged = test[~served]
-        logged = int((judged >= self.base_rows).sum())
+        logged = int((test >= self.base_rows).sum())
+        used = len(self.split.train) + len(self.split.valid) + len(test)
         return [
             f"holdout: the newest {self.window_rows} rows no serving model chose, minus the "
             f"{self.learnt_in_window} production learnt from ({self.learnt.source}; they train "
-            f"the candidate): {len(judged)} rows, {len(judged) - logged} of the base data and "
+            f"the candidate): {len(test)} rows, {len(test) - logged} of the base data and "
             f"{logged} logged",
-            f"{int(served.sum())} rows of served answers in the same period are held out but "
-            "not judged: production chose what they show, so they favour it",
+            f"{len(self.dataset.interactions) - used} rows of served answers in the same period "
+            "are neither judged nor trained on: production chose what they show, so they "
+            "favour it",
         ]
 
     def holdout(self) -> Holdout:
-        """The judged holdout (the split's test part less served rows) and everything the
-        candidate learnt from."""
+        """The judged holdout (the split's test part) and everything the candidate learnt
+        from."""
         rows = self.dataset.interactions
         before = np.sort(np.concatenate([self.split.train, self.split.valid]))
-        test = self.split.test
-        if len(self.served):
-            test = test[~self.served[test]]
         return Holdout(
             self.dataset.users,
             self.dataset.items,
             rows.iloc[before].reset_index(drop=True),
-            rows.iloc[test].reset_index(drop=True),
+            rows.iloc[self.split.test].reset_index(drop=True),
         )
 
     def learnt_until(self) -> int:
@@ -222,7 +218,6 @@ def combine(
         dropped=+dropped,
         data_hash=digest.hexdigest()[:16],
         learnt=learnt,
-        served=served,
         window_rows=len(window),
         learnt_in_window=int(mask[window].sum()),
     )

@@ -172,3 +172,4 @@ def test_rows_of_served_answers_are_held_out_but_not_judged() -> None:
     trained = data.dataset.interactions.iloc[np.r_[data.split.train, data.split.valid]]
     assert trained["timestamp"].max() < 100  # nothing newer than the window is trained on
     assert data.holdout_notes()[1].startswith("2 rows of served answers")
+    assert len(data.split.test) + len(data.split.train) + len(data.split.valid) == 42 - 2
