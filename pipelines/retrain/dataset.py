@@ -146,16 +146,25 @@ class TrainingData:
         """What the holdout is made of (for the verdict)."""
         test = self.split.test
         logged = int((test >= self.base_rows).sum())
-        used = len(self.split.train) + len(self.split.valid) + len(test)
-        return [
-            f"holdout: the newest {self.window_rows} rows no serving model chose, minus the "
-            f"{self.learnt_in_window} production learnt from ({self.learnt.source}; they train "
-            f"the candidate): {len(test)} rows, {len(test) - logged} of the base data and "
-            f"{logged} logged",
-            f"{len(self.dataset.interactions) - used} rows of served answers in the same period "
-            "are neither judged nor trained on: production chose what they show, so they "
-            "favour it",
+        learnt = (
+            f", minus the {self.learnt_in_window} production learnt from, which train the "
+            "candidate"
+            if self.learnt_in_window
+            else ""
+        )
+        notes = [
+            f"holdout: the newest {self.window_rows} rows no serving model chose{learnt}: "
+            f"{len(test)} rows, {len(test) - logged} of the base data and {logged} logged "
+            f"(what production learnt: {self.learnt.source})"
         ]
+        used = len(self.split.train) + len(self.split.valid) + len(test)
+        if len(self.dataset.interactions) > used:
+            notes.append(
+                f"{len(self.dataset.interactions) - used} rows of served answers in the same "
+                "period are neither judged nor trained on: production chose what they show, "
+                "so they favour it"
+            )
+        return notes
 
     def holdout(self) -> Holdout:
         """The judged holdout (the split's test part) and everything the candidate learnt
