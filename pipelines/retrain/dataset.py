@@ -147,8 +147,7 @@ class TrainingData:
         test = self.split.test
         logged = int((test >= self.base_rows).sum())
         learnt = (
-            f", minus the {self.learnt_in_window} production learnt from, which train the "
-            "candidate"
+            f", minus the {self.learnt_in_window} production learnt from, which train the candidate"
             if self.learnt_in_window
             else ""
         )
