@@ -1,4 +1,4 @@
-"""Logged outcomes -> training rows, appended to the base data set, split by time.
+"""Logged outcomes -> training rows, appended to the base data set, and the retrain's split.
 
 How outcomes become rows (in the raw ``rating`` schema, so the usual protocols apply:
 retrieval positive = rating >= 3, ranking label = rating >= 4, rating 3 dropped):

@@ -1,7 +1,8 @@
 """The retrain job, phase by phase, under one lock.
 
 lock -> recover what a killed run left -> production (adopt the served version on a first
-deploy) -> snapshot the streams after the cursor -> base + logged rows, time split ->
+deploy) -> snapshot the streams after the cursor -> base + logged rows, split (the newest
+window minus what production learnt is the holdout) ->
 prepare -> two-tower -> DLRM + trees -> export -> gate -> ``validation.json`` -> register
 -> commit the cursor -> optional garbage collection.
 
