@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pipelines.config import STEPS, TrainConfig
 from pipelines.data.movielens import load_movielens_100k
-from pipelines.data.schema import RawDataset
+from pipelines.data.schema import RawDataset, oldest
 from pipelines.data.synthetic import make_synthetic
 from pipelines.errors import ArtifactError, ConfigError
 from pipelines.evaluation.popularity_check import enforce, recorded_checks, with_override
@@ -62,11 +62,17 @@ def run_pipeline(
     dataset: str = "movielens",
     synthetic_size: tuple[int, int, int] = (10_000, 5_000, 200_000),
     log: Callable[[str], None] = print,
+    base_fraction: float = 1.0,
 ) -> Path:
-    """Run ``steps`` in order; write the report and return its path."""
+    """Run ``steps`` in order; write the report and return its path.
+
+    ``base_fraction`` < 1 trains on the oldest part of the data set only (recorded in the
+    manifest, so ``cascade retrain`` knows the newer rows are new to this version)."""
     unknown = [s for s in steps if s not in STEPS]
     if unknown:
         raise ConfigError(f"unknown steps {unknown}; choose from {list(STEPS)}")
+    if not 0 < base_fraction <= 1:
+        raise ConfigError(f"--base-fraction must be in (0, 1], got {base_fraction}")
     timings: dict[str, float] = {}
     for step in STEPS:
         if step not in steps:
@@ -74,7 +80,7 @@ def run_pipeline(
         started = time.perf_counter()
         log(f"== {step}")
         if step == "prepare":
-            raw = load_dataset(dataset, config.seed, synthetic_size)
+            raw = oldest(load_dataset(dataset, config.seed, synthetic_size), base_fraction)
             log(
                 f"{raw.name}: {len(raw.users)} users, {len(raw.items)} items, "
                 f"{len(raw.interactions)} interactions"
@@ -92,6 +98,7 @@ def run_pipeline(
                         "dataset": raw.name,
                         "data_hash": raw.content_hash(),
                         "split_protocol": config.split_protocol,
+                        "base_fraction": base_fraction,
                     }
                 )
             )

@@ -162,7 +162,7 @@ def prepare(
     history_length: int = 20,
     split: Split | None = None,
 ) -> Workflow:
-    """Split (default: the random 8:1:1 protocol; ``cascade retrain`` passes a time split),
+    """Split (default: the random 8:1:1 protocol; ``cascade retrain`` passes its holdout split),
     fit the workflow on the training rows, and write every model's inputs."""
     workdir.mkdir(parents=True, exist_ok=True)
     users = AttributeTable(dataset.users, "user_id", USER_ATTRIBUTES)

@@ -3,9 +3,11 @@
 ``random_split`` is the default evaluation protocol of ``cascade train`` (random 8:1:1 of all
 interactions); ``per_user_split`` cuts each user's interactions 8:1:1 at random
 (``--split-protocol per_user``);
-``time_split`` is what ``cascade retrain`` uses: the oldest rows train, the next window
-validates (early stopping, blend weight), the most recent window is the test set (the
-validation gate's holdout), so a candidate is judged on traffic newer than all it learnt from.
+``time_split`` cuts by time: the oldest rows train, the next window validates, the most
+recent window tests; ``holdout_split`` is what ``cascade retrain`` uses: the most recent
+window minus what production learnt is the test set (the validation gate's holdout), so
+candidate and production are judged on rows neither learnt from, and every older row is
+the candidate's to learn from.
 
 One split of all interactions serves both protocols: retrieval keeps rating >= 3 as
 positives inside each part, ranking drops rating == 3 inside each part. So no row that a
@@ -100,6 +102,59 @@ def time_split(
         train=np.sort(order[:n_train]),
         valid=np.sort(order[n_train : n_train + n_valid]),
         test=np.sort(order[n_train + n_valid :]),
+    )
+
+
+def judged_window(
+    timestamps: np.ndarray, served: np.ndarray, fractions: tuple[float, float, float]
+) -> np.ndarray:
+    """Positions of the newest ``fractions[2]`` of the rows that are not ``served``."""
+    judged = np.flatnonzero(~np.asarray(served, dtype=bool))
+    return judged[time_split(np.asarray(timestamps)[judged], fractions).test]
+
+
+def holdout_split(
+    timestamps: np.ndarray,
+    learnt: np.ndarray,
+    served: np.ndarray | None = None,
+    fractions: tuple[float, float, float] = (0.8, 0.1, 0.1),
+    seed: int = 0,
+) -> Split:
+    """The retrain's split.
+
+    The window is the newest ``fractions[2]`` of the rows a gate may judge (all rows but
+    the ``served`` ones: rows derived from answers the serving models chose, biased towards
+    them); test is the window minus the rows production ``learnt`` from. The served rows
+    from the window's start on that production did not learn are in no part: never judged,
+    and not trained on (nothing newer than the holdout is). Every other row (older ones,
+    and what production learnt) is the candidate's, ``fractions[1] / (fractions[0] +
+    fractions[1])`` of them drawn at random (seeded) for validation.
+
+    Why validation is not the newest of the rest: a time-cut validation window holds out
+    whole recent users (MovieLens users rate in one burst), whom production, trained on a
+    random split, learnt; the candidate then loses to production on exactly the users the
+    holdout is made of. What production learnt, the candidate may learn too.
+    """
+    _check_fractions(fractions)
+    learnt = np.asarray(learnt, dtype=bool)
+    served = np.zeros(len(learnt), bool) if served is None else np.asarray(served, dtype=bool)
+    if learnt.shape != np.shape(timestamps) or served.shape != learnt.shape:
+        raise ValueError("learnt and served need one flag per row")
+    timestamps = np.asarray(timestamps)
+    in_test = np.zeros(len(learnt), dtype=bool)
+    window = judged_window(timestamps, served, fractions)
+    in_test[window] = True
+    in_test &= ~learnt
+    held = served & ~learnt
+    held &= timestamps >= timestamps[window].min() if len(window) else False
+    rest = np.flatnonzero(~in_test & ~held)
+    kept = fractions[0] + fractions[1]
+    n_valid = round(fractions[1] / kept * len(rest)) if kept > 0 else 0
+    order = np.random.default_rng(seed).permutation(rest)
+    return Split(
+        train=np.sort(order[n_valid:]),
+        valid=np.sort(order[:n_valid]),
+        test=np.flatnonzero(in_test),
     )
 
 

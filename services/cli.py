@@ -80,6 +80,14 @@ def _train_parser(commands: Any) -> None:
         "--interactions", type=int, default=200_000, help="synthetic: number of interactions"
     )
     parser.add_argument(
+        "--base-fraction",
+        type=float,
+        default=1.0,
+        help="train on the oldest fraction of the interactions only (by time): the newer "
+        "ones are what arrives after this version, for `cascade retrain` to learn and the "
+        "gate to judge on (the retrain walkthrough; default 1.0: all)",
+    )
+    parser.add_argument(
         "--workdir",
         type=Path,
         default=Path("artifacts/work"),
@@ -108,6 +116,7 @@ def _run_train(args: argparse.Namespace) -> int:
         steps=tuple(args.steps) or STEPS,
         dataset=args.dataset,
         synthetic_size=(args.users, args.items, args.interactions),
+        base_fraction=args.base_fraction,
     )
     summary = json.loads(report.read_text())
     for section in ("retrieval", "ranking"):

@@ -4,9 +4,12 @@ Each simulated request asks ``/v1/recommend`` for a user of the population, then
 shown item with probability ``position_bias(rank) * relevance(user, item)``, where relevance
 comes from a preference model no trained model sees directly:
 
-- MovieLens-100K: the user's own rating of the item (all ratings, so also the held-out ones
-  the models never trained on; the user's training items are filtered from answers anyway),
-  a small base rate for unrated items;
+- MovieLens-100K: the user's own rating of the item where there is one; for an item the user
+  never rated (everything a release shows: it filters every rated item, held-out ones
+  included), the rating a low-rank completion of *all* ratings predicts
+  (``pipelines.data.rating_completion``), times ``UNRATED_INTEREST`` (nothing says the user
+  would even look at it). A constant for unrated items, as before, made every click noise:
+  0 of 90,000 items shown were rated, CTR 0.0091 = 0.02 x the mean position bias;
 - the synthetic generator: its hidden latent affinity (``RawDataset.truth``).
 
 Clicks are posted to ``/v1/feedback`` with the answer's ``request_id`` (so the gateway
@@ -31,7 +34,9 @@ import numpy as np
 from pipelines.data.schema import RawDataset
 from pipelines.errors import CascadeError
 
-BASE_RATE = 0.02  # relevance of an item the user never rated (MovieLens)
+# MovieLens, an item the user never rated: this share of the relevance its predicted rating
+# gives (a random such item gets about 0.026, production's top 10 about 0.056)
+UNRATED_INTEREST = 0.1
 POPULATIONS = ("all", "young", "old", "heavy", "new")
 NEW_USERS = 1000  # size of the "new" population: ids no release knows (cold starts)
 
@@ -40,9 +45,12 @@ class Preferences:
     """relevance(user, items) in [0, 1] from a dataset's ground truth, vectorised."""
 
     def __init__(self, dataset: RawDataset, sharpness: float = 2.0) -> None:
+        from pipelines.data.rating_completion import fit_rating_completion
+
         self.truth = dataset.truth
         self.sharpness = sharpness
         ratings = dataset.interactions
+        self.completion = fit_rating_completion(ratings) if self.truth is None else None
         self._index = (
             {
                 (int(u), int(i)): float(r)
@@ -61,9 +69,13 @@ class Preferences:
         if self.truth is not None:
             affinity = self.truth.affinity(np.full(len(item_ids), user_id), item_ids)
             return 1.0 / (1.0 + np.exp(-self.sharpness * (affinity - 1.0)))
+        assert self.completion is not None
         ratings = np.asarray([self._index.get((user_id, int(i)), np.nan) for i in item_ids])
-        rated = 1.0 / (1.0 + np.exp(-self.sharpness * (ratings - 4.0)))
-        return np.where(np.isnan(ratings), BASE_RATE, rated)
+        unrated = np.isnan(ratings)
+        predicted = self.completion.predict(np.full(len(item_ids), user_id), item_ids)
+        ratings = np.where(unrated, predicted, ratings)
+        relevance = 1.0 / (1.0 + np.exp(-self.sharpness * (ratings - 4.0)))
+        return np.where(unrated, UNRATED_INTEREST * relevance, relevance)
 
 
 def position_bias(count: int) -> np.ndarray:

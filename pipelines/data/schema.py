@@ -75,3 +75,24 @@ class RawDataset:
         digest.update(str(len(self.users)).encode())
         digest.update(str(len(self.items)).encode())
         return digest.hexdigest()[:16]
+
+
+def oldest_rows(dataset: RawDataset, fraction: float) -> np.ndarray:
+    """Positions of the oldest ``fraction`` of the interactions (by time), in row order."""
+    order = np.argsort(dataset.interactions["timestamp"].to_numpy(), kind="stable")
+    return np.sort(order[: round(min(fraction, 1.0) * len(order))])
+
+
+def oldest(dataset: RawDataset, fraction: float) -> RawDataset:
+    """The data set cut to its oldest ``fraction`` of interactions (by time): the newest part
+    held back as traffic to replay (tests, benchmark), or as what arrived after production
+    was trained (``cascade train --base-fraction``, the retrain walkthrough)."""
+    if fraction >= 1.0:
+        return dataset
+    kept = oldest_rows(dataset, fraction)
+    return RawDataset(
+        f"{dataset.name}-oldest{fraction:g}",
+        dataset.users,
+        dataset.items,
+        dataset.interactions.iloc[kept].reset_index(drop=True),
+    )

@@ -25,7 +25,9 @@ def add_parser(commands: Any) -> None:
         help="retrain on the base data + logged outcomes, gate the candidate, register it",
         description="Snapshot the feedback and impression streams since the last retrain "
         "(to parquet under <artifacts>/retrain/), append the logged outcomes to the base data "
-        "set, split by time (the most recent window is the holdout), train the two-tower, "
+        "set, split (the most recent window of rows no serving model chose, minus what "
+        "production learnt, is the holdout; answers the gateway served are never judged), "
+        "train the two-tower, "
         "DLRM and trees, export a new version, run the validation gate against production on "
         "the holdout, write releases/<v>/validation.json, print the verdict table and "
         "register the version (candidate or rejected). One retrain at a time (a lock that "

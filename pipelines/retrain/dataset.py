@@ -1,4 +1,4 @@
-"""Logged outcomes -> training rows, appended to the base data set, split by time.
+"""Logged outcomes -> training rows, appended to the base data set, and the retrain's split.
 
 How outcomes become rows (in the raw ``rating`` schema, so the usual protocols apply:
 retrieval positive = rating >= 3, ranking label = rating >= 4, rating 3 dropped):
@@ -13,21 +13,32 @@ retrieval positive = rating >= 3, ranking label = rating >= 4, rating 3 dropped)
 - events of users or items the base catalog does not know are dropped and counted (the
   towers and features need their attributes).
 
-Every row keeps its event time, so a time split puts the newest traffic in the holdout.
+Each row also says whether it is ``served``: derived from an answer the gateway logged (an
+event carrying the ``request_id`` of a logged impression set, or a skip-above negative).
+The serving models chose what such rows show, so the gate never judges them (they favour
+production: see ``pipelines.split.holdout_split``); they train later candidates once older
+than the holdout window. Events without one (the user's own choices, or replayed data)
+are judged like the base data.
+
+Every row keeps its event time. The split (``pipelines.split.holdout_split``): the newest
+window of the rows no serving model chose, minus the rows production learnt from
+(``Learnt``), is the gate's holdout; every older row is training data for the candidate.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
-from pipelines.data.schema import INTERACTION_COLUMNS, RawDataset
-from pipelines.split import Split, time_split
+from pipelines.data.schema import INTERACTION_COLUMNS, RawDataset, oldest, oldest_rows
+from pipelines.split import Split, holdout_split, judged_window
 from pipelines.validation.holdout import Holdout
+
+__all__ = ["Learnt", "TrainingData", "combine", "logged_interactions", "oldest", "oldest_rows"]
 
 CLICK_RATING = 5.0
 SKIP_RATING = 1.0
@@ -40,22 +51,30 @@ def _frame(rows: pd.DataFrame, rating: float) -> pd.DataFrame:
             "item_id": rows["item_id"].to_numpy(np.int64),
             "rating": np.full(len(rows), rating, np.float32),
             "timestamp": rows["timestamp"].to_numpy(np.int64),
+            "served": rows["served"].to_numpy(bool),
         }
     )
 
 
 def logged_interactions(feedback: pd.DataFrame, impressions: pd.DataFrame) -> pd.DataFrame:
-    """Rows (user_id, item_id, rating, timestamp) from parsed feedback and impressions."""
+    """Rows (user_id, item_id, rating, timestamp, served) from parsed feedback and
+    impressions."""
+    answered = feedback["request_id"].isin(impressions["request_id"]) & (
+        feedback["request_id"] != ""
+    )
+    feedback = feedback.assign(served=answered.to_numpy(bool))
     clicks = feedback[feedback["type"] == "click"].drop_duplicates(
         ["user_id", "item_id", "request_id", "timestamp"]
     )
     clicked_pairs = clicks[["user_id", "item_id"]].drop_duplicates()
 
-    shown = feedback[feedback["type"] == "impression"][["user_id", "item_id", "timestamp"]]
+    shown = feedback[feedback["type"] == "impression"][
+        ["user_id", "item_id", "timestamp", "served"]
+    ]
 
     with_click = clicks[clicks["request_id"] != ""][["request_id", "item_id"]]
     sets = impressions[impressions["request_id"].isin(with_click["request_id"])]
-    skipped = pd.DataFrame(columns=["user_id", "item_id", "timestamp"])
+    skipped = pd.DataFrame(columns=["user_id", "item_id", "timestamp", "served"])
     if len(sets):
         exploded = sets[["request_id", "user_id", "timestamp", "items"]].explode("items")
         exploded = exploded.rename(columns={"items": "item_id"})
@@ -69,7 +88,7 @@ def logged_interactions(feedback: pd.DataFrame, impressions: pd.DataFrame) -> pd
         ranked["lowest"] = ranked["request_id"].map(lowest)
         skipped = ranked[~hit & (ranked["rank"] < ranked["lowest"])][
             ["user_id", "item_id", "timestamp"]
-        ]
+        ].assign(served=True)
     negatives = pd.concat([shown, skipped], ignore_index=True)
     negatives = negatives.merge(
         clicked_pairs, on=["user_id", "item_id"], how="left", indicator=True
@@ -88,9 +107,30 @@ def logged_interactions(feedback: pd.DataFrame, impressions: pd.DataFrame) -> pd
     return rows.sort_values("timestamp", kind="stable").reset_index(drop=True)
 
 
+@dataclass(frozen=True)
+class Learnt:
+    """What production learnt from: the base rows of its reconstructed split (``base_rows``,
+    one flag per base row), else every row up to ``until``; neither: nothing (first deploy).
+    ``source`` says which, for the verdict."""
+
+    base_rows: np.ndarray | None = None
+    until: int | None = None
+    source: str = "no production version"
+
+    def mask(self, n_base: int, timestamps: np.ndarray) -> np.ndarray:
+        """One flag per combined row (the base rows first, then the logged rows)."""
+        if self.base_rows is not None:
+            if len(self.base_rows) != n_base:
+                raise ValueError("the learnt flags do not match the base rows")
+            return np.r_[self.base_rows, np.zeros(len(timestamps) - n_base, bool)]
+        if self.until is not None:
+            return np.asarray(timestamps) <= self.until
+        return np.zeros(len(timestamps), bool)
+
+
 @dataclass
 class TrainingData:
-    """The combined data set, its time split, and where its rows came from."""
+    """The combined data set, its split, and where its rows came from."""
 
     dataset: RawDataset
     split: Split
@@ -98,9 +138,36 @@ class TrainingData:
     logged_rows: int
     dropped: Counter
     data_hash: str
+    learnt: Learnt = field(default_factory=Learnt)
+    window_rows: int = 0  # the judged window, with the rows production learnt
+    learnt_in_window: int = 0
+
+    def holdout_notes(self) -> list[str]:
+        """What the holdout is made of (for the verdict)."""
+        test = self.split.test
+        logged = int((test >= self.base_rows).sum())
+        learnt = (
+            f", minus the {self.learnt_in_window} production learnt from, which train the candidate"
+            if self.learnt_in_window
+            else ""
+        )
+        notes = [
+            f"holdout: the newest {self.window_rows} rows no serving model chose{learnt}: "
+            f"{len(test)} rows, {len(test) - logged} of the base data and {logged} logged "
+            f"(what production learnt: {self.learnt.source})"
+        ]
+        used = len(self.split.train) + len(self.split.valid) + len(test)
+        if len(self.dataset.interactions) > used:
+            notes.append(
+                f"{len(self.dataset.interactions) - used} rows of served answers in the same "
+                "period are neither judged nor trained on: production chose what they show, "
+                "so they favour it"
+            )
+        return notes
 
     def holdout(self) -> Holdout:
-        """The most recent window (the split's test part) and everything before it."""
+        """The judged holdout (the split's test part) and everything the candidate learnt
+        from."""
         rows = self.dataset.interactions
         before = np.sort(np.concatenate([self.split.train, self.split.valid]))
         return Holdout(
@@ -122,14 +189,22 @@ def combine(
     base: RawDataset,
     logged: pd.DataFrame,
     fractions: tuple[float, float, float] = (0.8, 0.1, 0.1),
+    learnt: Learnt | None = None,
+    seed: int = 0,
 ) -> TrainingData:
-    """Append the logged rows the catalog knows to the base interactions; split by time."""
+    """Append the logged rows the catalog knows to the base interactions and split them
+    (``holdout_split``: the newest window minus what production ``learnt`` is the holdout)."""
+    learnt = learnt or Learnt()
     dropped: Counter = Counter()
     known_user = logged["user_id"].isin(base.users["user_id"])
     known_item = logged["item_id"].isin(base.items["item_id"])
     dropped["unknown_user"] = int((~known_user).sum())
     dropped["unknown_item"] = int((known_user & ~known_item).sum())
     kept = logged[known_user & known_item]
+    served = np.r_[
+        np.zeros(len(base.interactions), bool),
+        kept["served"].to_numpy(bool) if "served" in kept else np.zeros(len(kept), bool),
+    ]
     interactions = pd.concat(
         [base.interactions[list(INTERACTION_COLUMNS)], kept[list(INTERACTION_COLUMNS)]],
         ignore_index=True,
@@ -138,26 +213,19 @@ def combine(
     for column in INTERACTION_COLUMNS:
         digest.update(np.ascontiguousarray(kept[column].to_numpy()).tobytes())
     combined = RawDataset(f"{base.name}+logs", base.users, base.items, interactions)
+    timestamps = interactions["timestamp"].to_numpy()
+    mask = learnt.mask(len(base.interactions), timestamps)
+    digest.update(np.packbits(mask).tobytes())
+    split = holdout_split(timestamps, mask, served, fractions, seed)
+    window = judged_window(timestamps, served, fractions)
     return TrainingData(
         dataset=combined,
-        split=time_split(interactions["timestamp"].to_numpy(), fractions),
+        split=split,
         base_rows=len(base.interactions),
         logged_rows=len(kept),
         dropped=+dropped,
         data_hash=digest.hexdigest()[:16],
-    )
-
-
-def oldest(dataset: RawDataset, fraction: float) -> RawDataset:
-    """The base data set cut to its oldest ``fraction`` of interactions (by time); used to
-    hold the newest part back as traffic to replay (tests, benchmark, demos)."""
-    if fraction >= 1.0:
-        return dataset
-    order = np.argsort(dataset.interactions["timestamp"].to_numpy(), kind="stable")
-    kept = np.sort(order[: round(fraction * len(order))])
-    return RawDataset(
-        f"{dataset.name}-oldest{fraction:g}",
-        dataset.users,
-        dataset.items,
-        dataset.interactions.iloc[kept].reset_index(drop=True),
+        learnt=learnt,
+        window_rows=len(window),
+        learnt_in_window=int(mask[window].sum()),
     )

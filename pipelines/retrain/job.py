@@ -1,7 +1,8 @@
 """The retrain job, phase by phase, under one lock.
 
 lock -> recover what a killed run left -> production (adopt the served version on a first
-deploy) -> snapshot the streams after the cursor -> base + logged rows, time split ->
+deploy) -> snapshot the streams after the cursor -> base + logged rows, split (the newest
+window minus what production learnt is the holdout) ->
 prepare -> two-tower -> DLRM + trees -> export -> gate -> ``validation.json`` -> register
 -> commit the cursor -> optional garbage collection.
 
@@ -26,12 +27,13 @@ from typing import Any, Protocol
 import numpy as np
 
 from pipelines.config import TrainConfig
+from pipelines.data.schema import RawDataset
 from pipelines.errors import ConfigError
 from pipelines.export.exporter import run_export
 from pipelines.export.repository import next_version
-from pipelines.pipeline import DATASET_INFO, load_dataset
+from pipelines.pipeline import DATASET_INFO, load_dataset, split_for
 from pipelines.prepare import prepare
-from pipelines.retrain.dataset import combine, logged_interactions, oldest
+from pipelines.retrain.dataset import Learnt, combine, logged_interactions, oldest, oldest_rows
 from pipelines.retrain.snapshot import Snapshot, read_since, read_snapshots, write_snapshot
 from pipelines.retrain.state import STREAM_NAMES, StateDir, recover, remove_version
 from pipelines.training.ranking import run_ranking
@@ -105,15 +107,51 @@ def _run_name() -> str:
     return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"p{os.getpid()}"
 
 
-def _production_until(root: Path, production: int | None, full_base_until: int) -> int | None:
-    """Newest timestamp production learnt from: recorded by retrain exports; a version made
-    by ``cascade train`` (random split) is taken to have learnt from the whole base data."""
+def production_learnt(
+    root: Path, production: int | None, full_base: RawDataset, base_rows: np.ndarray
+) -> Learnt:
+    """What ``production`` learnt from, over the rows of the base data set in use
+    (``base_rows``: their positions in ``full_base``).
+
+    - a version made by ``cascade retrain`` recorded ``learnt_until``: every row up to it;
+    - a version made by ``cascade train`` on the same data (its manifest's data hash; with
+      ``--base-fraction``, on its oldest part) with a random split: that split,
+      reconstructed from the recorded protocol and seed; its training and validation rows
+      count as learnt (validation chose its epochs and blend), newer rows are new to it;
+    - anything else: the whole base data set (its newest timestamp).
+    """
     if production is None:
-        return None
+        return Learnt()
     path = root / "releases" / str(production) / "manifest.json"
     manifest = json.loads(path.read_text()) if path.is_file() else {}
     until = manifest.get("training_data", {}).get("learnt_until")
-    return int(until) if until is not None else full_base_until
+    if until is not None:
+        return Learnt(until=int(until), source=f"version {production}: rows up to {until}")
+    config = manifest.get("config", {})
+    protocol = manifest.get("split_protocol", config.get("split_protocol"))
+    fraction = float(manifest.get("base_fraction", 1.0))
+    trained = oldest(full_base, fraction) if 0 < fraction <= 1 else None
+    if (
+        trained is not None
+        and manifest.get("data_hash") == trained.content_hash()
+        and protocol in ("global", "per_user")
+        and isinstance(config.get("seed"), int)
+    ):
+        split = split_for(trained, TrainConfig(seed=config["seed"], split_protocol=protocol))
+        positions = oldest_rows(full_base, fraction)  # trained's rows in full_base
+        learnt = np.zeros(len(full_base.interactions), bool)
+        learnt[positions[split.train]] = learnt[positions[split.valid]] = True
+        of = f" of the oldest {fraction:g} of the data" if fraction < 1 else ""
+        return Learnt(
+            base_rows=learnt[base_rows],
+            source=f"version {production}: its {protocol} random split{of}, seed "
+            f"{config['seed']}, reconstructed",
+        )
+    newest = int(full_base.interactions["timestamp"].max())
+    return Learnt(
+        until=newest,
+        source=f"version {production}: its split is unknown, so all base data up to {newest}",
+    )
 
 
 def sabotage_embeddings(workdir: Path, seed: int) -> None:
@@ -201,13 +239,24 @@ def run_retrain(
             config = options.config
             full_base = load_dataset(options.dataset, config.seed, options.synthetic_size)
             base = oldest(full_base, options.base_fraction)
-            data = combine(base, logged_interactions(feedback, impressions), options.fractions)
+            learnt = production_learnt(
+                root, production, full_base, oldest_rows(full_base, options.base_fraction)
+            )
+            data = combine(
+                base,
+                logged_interactions(feedback, impressions),
+                options.fractions,
+                learnt,
+                config.seed,
+            )
             dropped = ", ".join(f"{k} {v}" for k, v in sorted(data.dropped.items())) or "none"
             progress(
                 f"data: {data.base_rows} base rows + {data.logged_rows} logged rows from "
-                f"{len(runs)} snapshot(s) (dropped: {dropped}); time split "
+                f"{len(runs)} snapshot(s) (dropped: {dropped}); split "
                 f"{len(data.split.train)}/{len(data.split.valid)}/{len(data.split.test)}"
             )
+            for note in data.holdout_notes():
+                progress(note)
             work = state_dir.work
             prepare(
                 data.dataset,
@@ -235,7 +284,7 @@ def run_retrain(
                     **info,
                     "metrics": {"retrieval": retrieval["metrics"], "ranking": ranking["metrics"]},
                     "training_data": {
-                        "split": "time",
+                        "split": "holdout",
                         "fractions": list(options.fractions),
                         "learnt_until": data.learnt_until(),
                         "base_rows": data.base_rows,
@@ -252,7 +301,6 @@ def run_retrain(
             journal["version"] = version
             state_dir.write_journal(journal)
             progress(f"exported version {version}; running the validation gate")
-            full_until = int(full_base.interactions["timestamp"].max())
             verdict = run_gate(
                 root,
                 version,
@@ -260,7 +308,7 @@ def run_retrain(
                 data.holdout(),
                 gate_config,
                 data.data_hash,
-                production_until=_production_until(root, production, full_until),
+                notes=data.holdout_notes(),
                 workdir=work,
                 train_config=config,
                 report=progress,

@@ -1,14 +1,14 @@
 """Replay held-back interactions as logged traffic (tests, the benchmark, demos).
 
-The newest part of a data set (what ``dataset.oldest`` held back from the base) is written
-into the feedback and impression streams as if a gateway had served it: per interaction one
-answer of ``k`` items, the rated item first and popular items after it; a click when the
-rating is >= 4, an ``impression`` event (shown, not clicked) when it is <= 2, nothing for a
-3 (neutral, as the ranking protocol drops it). The rated item is first so that skip-above
-finds no negatives among the filler items, which are not the user's choices. Event times
-are the interactions' own, so the replayed traffic is newer than the base, and its clicks
-are the users' real choices (not those of a served model's ranking, which would favour
-that model in the gate).
+The newest part of a data set (what ``oldest`` held back from the base) is written into the
+feedback and impression streams: per interaction one impression set of ``k`` items, the
+rated item first and popular items after it; a click when the rating is >= 4, an
+``impression`` event (shown, not clicked) when it is <= 2, nothing for a 3 (neutral, as the
+ranking protocol drops it). Event times are the interactions' own, so the replayed traffic
+is newer than the base. Its events are the users' own choices, not answers of a served
+model (which would favour that model in the gate), so they carry no ``request_id``: the
+retrain judges them like the base data (rows of served answers are retrieval positives
+only, see ``pipelines.retrain.dataset``), and skip-above derives nothing from the filler.
 """
 
 from __future__ import annotations
@@ -58,7 +58,6 @@ def replay_records(
                 "type": "click" if rating >= 4 else "impression",
                 "model_version": str(model_version),
                 "timestamp": str(int(ts)),
-                "request_id": request_id,
                 "event_id": f"{request_id}-{int(item)}",
             }
         )

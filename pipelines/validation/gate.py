@@ -6,7 +6,9 @@ A candidate passes only if every check passes:
   its ceiling;
 - non-inferiority (when there is a production version): for each main metric, the lower
   bound of the paired bootstrap interval of the relative difference (candidate vs
-  production, resampling users) is above -margin; a point estimate alone never passes;
+  production, resampling users) is above -margin; a point estimate alone never passes. A
+  failed comparison says which way: ``worse`` or ``insufficient evidence``
+  (``pipelines.validation.non_inferiority``);
 - slices: each declared slice has its minimum sample (else it fails as missing) and passes
   its own floors;
 - sanity: finite, non-constant scores; ONNX equals torch on holdout inputs; the ANN index
@@ -29,14 +31,13 @@ from pipelines.errors import ArtifactError, ConfigError
 from pipelines.evaluation.metrics import auc, logloss, sigmoid
 from pipelines.evaluation.popularity_check import describe, recorded_checks
 from pipelines.validation import sanity
-from pipelines.validation.bootstrap import paired_ranking_metric, paired_user_metric
 from pipelines.validation.config import LOWER_IS_BETTER, GateConfig
 from pipelines.validation.holdout import SLICES, EvalSet, Holdout, build_eval_set
+from pipelines.validation.non_inferiority import RETRIEVAL_METRICS, non_inferiority_checks
 from pipelines.validation.scoring import ExportedVersion, Scored
 from pipelines.validation.verdict import Check, Verdict
 
 log = logging.getLogger(__name__)
-RETRIEVAL_METRICS = ("recall@10", "ndcg@10")
 FIRST_DEPLOY = "first deploy: floors only (no production version to compare with)"
 
 
@@ -84,49 +85,6 @@ def floor_checks(scored: Scored, evals: EvalSet, config: GateConfig) -> list[Che
         )
         for metric, threshold in config.floors.as_dict().items()
     ]
-
-
-def non_inferiority_checks(
-    candidate: Scored, production: Scored, evals: EvalSet, config: GateConfig
-) -> list[Check]:
-    rules = config.non_inferiority
-    labels = evals.rank_rows["label"].to_numpy()
-    row_users = evals.rank_rows["user_id"].to_numpy()
-    checks = []
-    for metric, margin in rules.margins.items():
-        if metric in RETRIEVAL_METRICS:
-            interval = paired_user_metric(
-                candidate.retrieval[metric],
-                production.retrieval[metric],
-                rules.resamples,
-                rules.confidence,
-                rules.seed,
-            )
-        else:
-            interval = paired_ranking_metric(
-                metric,
-                labels,
-                candidate.logits,
-                production.logits,
-                row_users,
-                rules.resamples,
-                rules.confidence,
-                rules.seed,
-            )
-        better = "lower" if metric in LOWER_IS_BETTER else "higher"
-        checks.append(
-            Check(
-                f"non_inferiority.{metric}",
-                interval.relative,
-                -margin,
-                bool(np.isfinite(interval.low)) and interval.low > -margin,
-                f"candidate {interval.candidate:.4f} vs production {interval.production:.4f} "
-                f"({better} is better); lower bound must be > -{margin:g}",
-                (interval.low, interval.high),
-                "non_inferiority",
-            )
-        )
-    return checks
 
 
 def slice_checks(scored: Scored, evals: EvalSet, config: GateConfig) -> list[Check]:
@@ -266,27 +224,19 @@ def run_gate(
     holdout: Holdout,
     config: GateConfig,
     data_hash: str,
-    production_until: int | None = None,
+    notes: list[str] | None = None,
     workdir: Path | None = None,
     train_config: TrainConfig | None = None,
     report: Callable[[str], None] = lambda _: None,
 ) -> Verdict:
     """Judge ``candidate`` (a complete version under ``root``) against ``production``.
 
-    ``production_until``: the newest timestamp production can have learnt from; holdout
-    rows up to it are left out, so production is never scored on its own training data.
+    The holdout must hold no row production learnt from (``cascade retrain`` splits so);
+    ``notes`` (what the holdout is made of) go into the verdict.
     """
-    notes = []
+    notes = [*(notes or [])]
     if production is None:
         notes.append(FIRST_DEPLOY)
-    elif production_until is not None:
-        before = len(holdout.rows)
-        holdout = holdout.newer_than(production_until)
-        if len(holdout.rows) < before:
-            notes.append(
-                f"{before - len(holdout.rows)} holdout rows at or before production's data "
-                f"(timestamp {production_until}) left out: {len(holdout.rows)} remain"
-            )
     evals = build_eval_set(holdout, config, seed=config.non_inferiority.seed)
     notes += evals.notes
     ranks = evals.rank_rows
@@ -336,9 +286,8 @@ def run_gate(
                     production_scored = other.score(holdout, evals)
                 finally:
                     other.close()
-                if len(evals.users) and len(ranks):
-                    report("gate: paired bootstrap")
-                    checks += non_inferiority_checks(scored, production_scored, evals, config)
+                report("gate: paired bootstrap")
+                checks += non_inferiority_checks(scored, production_scored, evals, config)
         checks += slice_checks(scored, evals, config)
         report("gate: sanity checks")
         checks += sanity_checks(

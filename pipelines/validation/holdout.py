@@ -35,14 +35,6 @@ class Holdout:
             digest.update(np.ascontiguousarray(self.rows[column].to_numpy()).tobytes())
         return digest.hexdigest()[:16]
 
-    def newer_than(self, timestamp: int | None) -> Holdout:
-        """Only the holdout rows after ``timestamp`` (what production cannot have learnt)."""
-        if timestamp is None:
-            return self
-        return Holdout(
-            self.users, self.items, self.before, self.rows[self.rows["timestamp"] > timestamp]
-        )
-
 
 def _by_user(frame: pd.DataFrame) -> dict[int, np.ndarray]:
     """user id -> item ids in time order."""

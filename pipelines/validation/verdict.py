@@ -29,6 +29,7 @@ class Check:
     detail: str = ""
     interval: tuple[float, float] | None = None  # bootstrap interval of the relative difference
     kind: str = "floor"  # floor, ceiling, non_inferiority, slice, sanity
+    outcome: str | None = None  # non-inferiority: non_inferior, worse, insufficient_evidence
 
     def __post_init__(self) -> None:  # numpy scalars in, plain Python out (JSON)
         self.passed = bool(self.passed)
@@ -57,6 +58,9 @@ class Verdict:
     def failed_checks(self) -> list[str]:
         return [c.name for c in self.checks if not c.passed]
 
+    def with_outcome(self, outcome: str) -> list[str]:
+        return [c.name for c in self.checks if c.outcome == outcome]
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "verdict": "pass" if self.passed else "fail",
@@ -65,6 +69,8 @@ class Verdict:
             "production": self.production,
             "first_deploy": self.production is None,
             "failed_checks": self.failed_checks,
+            "worse": self.with_outcome("worse"),
+            "insufficient_evidence": self.with_outcome("insufficient_evidence"),
             "data_hash": self.data_hash,
             "holdout_hash": self.holdout_hash,
             "holdout": self.holdout,
@@ -139,4 +145,10 @@ def table(verdict: Verdict) -> str:
         outcome += " (forced: registered as a candidate anyway)"
     failed = f": {', '.join(verdict.failed_checks)}" if verdict.failed_checks else ""
     lines.append(f"verdict: {outcome}{failed}")
+    unsure = verdict.with_outcome("insufficient_evidence")
+    if unsure:
+        lines.append(
+            f"  insufficient evidence (the holdout cannot tell, not shown worse): "
+            f"{', '.join(unsure)}"
+        )
     return "\n".join(lines)
