@@ -161,7 +161,8 @@ class Traffic:
     statuses: Counter[int] = field(default_factory=Counter)
     transport_errors: int = 0
     mixed: int = 0  # answers whose query_tower / ranker / release versions disagree
-    feedback_non_200: int = 0
+    feedback_non_200: int = 0  # feedback posts that failed even after the client's retries
+    feedback_retries: int = 0
     clicks: int = 0
     degraded: Counter[str] = field(default_factory=Counter)  # answers per degraded reason
 
@@ -220,11 +221,21 @@ async def users_clicking(
                 for item in clicked
             ]
             traffic.clicks += len(events)
-            try:
-                sent = await http.post("/v1/feedback", json={"events": events})
-                traffic.feedback_non_200 += sent.status_code != 200
-            except httpx.HTTPError:
-                traffic.feedback_non_200 += 1
+            # as a client should: a 503 (Redis slow or away, nothing stored) or a lost
+            # connection is retried with the same event ids, which the gateway stores once
+            for attempt, backoff_s in enumerate((0.2, 0.5, None)):
+                try:
+                    sent = await http.post("/v1/feedback", json={"events": events})
+                    status: int | None = sent.status_code
+                except httpx.HTTPError:
+                    status = None
+                if status == 200:
+                    break
+                if backoff_s is None or status not in (None, 503):
+                    traffic.feedback_non_200 += 1
+                    break
+                traffic.feedback_retries += 1
+                await asyncio.sleep(backoff_s * (attempt + 1))
 
     async with httpx.AsyncClient(base_url=url, timeout=10.0) as http:
         tasks: set[asyncio.Task[None]] = set()
@@ -499,6 +510,7 @@ def summary(
         "unlogged_answers": len(unlogged),
         "counted_vs_log": counted,
         "feedback_non_200": traffic.feedback_non_200,
+        "feedback_retries": traffic.feedback_retries,
         "served": dict(Counter(str(v) for v in traffic.answers.values())),
     }
 
