@@ -27,6 +27,7 @@ from typing import Any
 
 from pipelines.retrain.state import write_json
 from services.errors import DependencyUnavailable
+from services.redis_client import sync_client
 from services.settings import Settings
 
 # Decisions of the webhook, the values of cascade_retrain_requests_total{decision}.
@@ -127,14 +128,7 @@ class RedisRetrainQueue(RetrainQueue):
     @property
     def client(self) -> Any:
         if self._client is None:
-            import redis
-
-            self._client = redis.Redis.from_url(
-                self.url,
-                decode_responses=True,
-                socket_timeout=self.timeout_s,
-                socket_connect_timeout=self.timeout_s,
-            )
+            self._client = sync_client(self.url, self.timeout_s, decode_responses=True)
         return self._client
 
     @contextlib.contextmanager

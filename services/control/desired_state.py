@@ -22,6 +22,7 @@ import redis
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from pipelines.errors import CascadeError
+from services.redis_client import sync_client
 
 KEY = "rollout:desired"
 
@@ -132,9 +133,7 @@ class RedisDesiredState(DesiredStateStore):
     @property
     def client(self) -> redis.Redis:
         if self._client is None:
-            self._client = redis.Redis.from_url(
-                self.url, socket_timeout=self.timeout_s, socket_connect_timeout=self.timeout_s
-            )
+            self._client = sync_client(self.url, self.timeout_s)
         return self._client
 
     def read(self) -> DesiredState | None:

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pipelines.errors import CascadeError
 from pipelines.export.repository import complete_versions
+from services.redis_client import sync_client
 
 if TYPE_CHECKING:
     import redis
@@ -430,14 +431,7 @@ class RedisRegistry(Registry):
     @property
     def client(self) -> redis.Redis:
         if self._client is None:
-            import redis
-
-            self._client = redis.Redis.from_url(
-                self.url,
-                decode_responses=True,
-                socket_timeout=self.timeout_s,
-                socket_connect_timeout=self.timeout_s,
-            )
+            self._client = sync_client(self.url, self.timeout_s, decode_responses=True)
         return self._client
 
     @contextlib.contextmanager

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-import redis
 from pydantic import BaseModel, Field
 
 from services.control.analysis import ArmStats
+from services.redis_client import sync_client
 
 Status = Literal["running", "promoted", "rolled_back"]
 
@@ -222,9 +222,7 @@ class RolloutLog(ABC):
 
 class RedisRolloutLog(RolloutLog):
     def __init__(self, url: str, namespace: str = "cascade", timeout_s: float = 2.0) -> None:
-        self.client = redis.Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
-        )
+        self.client = sync_client(url, timeout_s)
         self.key, self.stream = f"{namespace}:rollout:state", f"{namespace}:rollout:audit"
 
     def load(self) -> RolloutRecord | None:

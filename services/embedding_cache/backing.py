@@ -19,6 +19,7 @@ import numpy as np
 import redis
 
 from services.embedding_cache.resp import RespConnection
+from services.redis_client import sync_client
 
 WRITE_CHUNK = 20_000
 CLIENT_NAME = "cascade-embedding-cache"  # of the read connections, in CLIENT LIST
@@ -38,9 +39,7 @@ class RedisRows:
     @property
     def client(self) -> redis.Redis:
         if self._client is None:
-            self._client = redis.Redis.from_url(
-                self.url, socket_timeout=self.timeout_s, socket_connect_timeout=self.timeout_s
-            )
+            self._client = sync_client(self.url, self.timeout_s)
         return self._client
 
     def prefix(self, version: int, table: str) -> str:
