@@ -72,11 +72,15 @@ class TritonMetricsMirror:
         self.last_sync = now
         for counter in self.counters:
             for family in counter.collect():
-                if family.type == "gauge":
+                if family.type == "gauge":  # sent when it changed (a new one starts at 0)
                     for sample in family.samples:
-                        self._metric(sample.name, family.documentation, sample.labels, True).set(
-                            sample.value
+                        metric = self._metric(
+                            sample.name, family.documentation, sample.labels, gauge=True
                         )
+                        key = (sample.name, tuple(sorted(sample.labels.items())))
+                        if sample.value != self.sent[key]:
+                            metric.set(sample.value)
+                            self.sent[key] = sample.value
                     continue
                 for sample in family.samples:
                     if not sample.name.endswith(CUMULATIVE_SUFFIXES):
