@@ -226,14 +226,19 @@ class DriftMonitor:
                 _remove(SERVED_POPULARITY, label)
             else:
                 SERVED_POPULARITY.labels(model_version=label).set(popularity)
+        self._unexport(labels)
+
+    def _unexport(self, keep: dict[str, set[str]]) -> None:
+        """Remove the series exported before that ``keep`` (label -> features) does not hold;
+        ``keep`` is what is exported from now on."""
         for label, features in self.exported.items():
-            if label not in labels:
+            if label not in keep:
                 for gauge in (DRIFT_REFERENCE, CATALOG_COVERAGE, SERVED_POPULARITY):
                     _remove(gauge, label)
-            for feature in features - labels.get(label, set()):
+            for feature in features - keep.get(label, set()):
                 for gauge in (DRIFT_PSI, DRIFT_JS, DRIFT_SAMPLES):
                     _remove(gauge, label, feature)
-        self.exported = labels
+        self.exported = keep
 
     async def _loop(self) -> None:
         while True:
@@ -255,7 +260,10 @@ class DriftMonitor:
         self._task.start(self._loop())
 
     async def close(self) -> None:
+        """Stop exporting and remove this monitor's series: a closed gateway's windows must
+        not stay on the process's /metrics (another gateway in the process would show them)."""
         await self._task.stop()
+        self._unexport({})
 
 
 def _remove(gauge: Gauge, *labels: str) -> None:

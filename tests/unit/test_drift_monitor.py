@@ -148,6 +148,19 @@ async def test_retired_versions_lose_their_series(exported: Path) -> None:
         await gateway.close()
 
 
+async def test_a_closed_gateway_leaves_no_drift_series(exported: Path) -> None:
+    """Several gateways may share a process (tests, benchmarks): one that closed must not
+    leave its windows on /metrics for the next one to show."""
+    gateway = Gateway(Settings(artifacts=exported))
+    await gateway.start()
+    await gateway.recommend(3, 5, {}, [], None)
+    gateway.drift.export()
+    assert _value("cascade_drift_samples", model_version="1", feature="user_age") is not None
+    await gateway.close()
+    assert _value("cascade_drift_samples", model_version="1", feature="user_age") is None
+    assert _value("cascade_drift_reference_info", model_version="1") is None
+
+
 async def test_with_worker_processes_retired_series_become_nan(
     exported: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
