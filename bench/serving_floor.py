@@ -25,8 +25,7 @@ from services.release import load_release
 from services.rules import Rules
 from services.stages.filtering import FilteringStage
 from services.stages.ordering import OrderingStage
-from services.stages.retrieval import popularity_candidates, query_inputs
-from services.stages.scoring import ranking_inputs
+from services.stages.retrieval import popularity_candidates
 from services.stores.memory import InMemoryStore
 
 
@@ -54,7 +53,6 @@ def compute_floor(root: Path, users: list[int], k: int, candidates: int = 300) -
     found = [asyncio.run(store.lookup(u)) for u in users]
     releases = {release.version: release}
     filtering, ordering = FilteringStage(releases, Rules()), OrderingStage(releases, Rules())
-    length = int(release.manifest["config"]["history_length"])
     wanted = max(candidates, k)
     assert ranker.tree is not None and ranker.embeddings is not None and ranker.session is not None
     tree_s = 0.0
@@ -65,13 +63,13 @@ def compute_floor(root: Path, users: list[int], k: int, candidates: int = 300) -
         if ctx.user is None:
             ctx.candidates, ctx.retrieval_scores = popularity_candidates(release, wanted)
         else:
-            features, history = query_inputs(release.workflow, ctx.user, length)
+            features, history = release.features.query_inputs(ctx)
             embedding = query.encode(features, history)
             scores, positions = release.index.search(embedding, wanted)
             ctx.candidates = positions[0][positions[0] >= 0].astype(np.int64)
             ctx.retrieval_scores = scores[0][positions[0] >= 0].astype(np.float32)
         ctx = run_now(filtering(ctx))
-        sparse, dense = ranking_inputs(release, ctx)
+        sparse, dense = release.features.ranking_inputs(ctx)
         embedded = ranker.embeddings.lookup(sparse)
         dlrm = ranker.session.run(None, {"dense": dense, "embedded": embedded})[0]
         tree_started = time.process_time()

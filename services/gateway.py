@@ -30,7 +30,7 @@ from services.stages.features import FeaturesStage
 from services.stages.filtering import FilteringStage
 from services.stages.ordering import OrderingStage
 from services.stages.retrieval import RetrievalStage
-from services.stages.scoring import ScoringStage, ranking_inputs
+from services.stages.scoring import ScoringStage
 from services.state_follower import StateFollower
 from services.store_monitor import StoreMonitor
 from services.stores.base import Durability, OnlineStore
@@ -162,7 +162,7 @@ class Gateway:
             length = int(release.manifest["config"]["history_length"])
             ctx = RequestContext(user_id=0, k=1, timestamp=int(time.time()), model_version=version)
             ctx.candidates = release.popularity[: self.settings.candidates]
-            sparse, dense = ranking_inputs(release, ctx)
+            sparse, dense = release.features.ranking_inputs(ctx)
             try:
                 await asyncio.wait_for(
                     self.backend.encode_query(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import faiss
@@ -21,9 +21,9 @@ from pipelines.errors import ArtifactError
 from pipelines.export.item_index import load_index
 from pipelines.export.repository import MANIFEST, complete_versions, latest_version
 from pipelines.export.verify import verify_version
-from pipelines.features.ops import Columns
 from pipelines.features.rows import ITEM_ATTRIBUTES, AttributeTable
 from pipelines.features.workflow import Workflow
+from services.request_features import RequestFeatures
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ class Release:
     items: AttributeTable  # raw item attributes by id
     primary_genre: np.ndarray  # [n_items] first genre name ('' if none)
     genres: np.ndarray  # [n_items] '|'-joined genre names
-    item_columns: Columns = field(default_factory=dict)  # item-side features, by position
+    features: RequestFeatures  # a request's model inputs
 
     def positions(self, ids: np.ndarray) -> np.ndarray:
         """Catalog positions of raw item ids; -1 for ids not in the catalog."""
@@ -83,20 +83,24 @@ def load_release(root: Path, version: int | None = None) -> Release:
     items = pd.read_parquet(directory / "online" / "items.parquet")
     by_position = items.set_index("item_id").reindex(item_ids)
     genres = by_position["genres"].fillna("").to_numpy(dtype=str)
+    workflow = Workflow.load(directory / "workflow")
+    table = AttributeTable(items, "item_id", ITEM_ATTRIBUTES)
+    item_columns = workflow.transform(  # the catalog's features, encoded once per release
+        {"item_id": item_ids, **table.lookup(item_ids)}, partial=True
+    )
     release = Release(
         version=version,
         manifest=manifest,
         item_ids=item_ids,
         index=index,
         popularity=np.zeros(0, np.int64),
-        workflow=Workflow.load(directory / "workflow"),
-        items=AttributeTable(items, "item_id", ITEM_ATTRIBUTES),
+        workflow=workflow,
+        items=table,
         primary_genre=np.asarray([g.split("|")[0] for g in genres]),
         genres=genres,
+        features=RequestFeatures(workflow, item_columns, int(manifest["config"]["history_length"])),
     )
     release.popularity = release.positions(np.asarray(popular, dtype=np.int64))
-    raw = {"item_id": item_ids, **release.items.lookup(item_ids)}
-    release.item_columns = release.workflow.transform(raw, partial=True)  # encoded once
     return release
 
 

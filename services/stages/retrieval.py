@@ -7,30 +7,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipelines.features.spec import USER_TOWER_COLUMNS
-from pipelines.features.workflow import Workflow
 from services.context import RequestContext
 from services.errors import DependencyUnavailable
 from services.inference.backends import InferenceBackend
 from services.release import Release
 from services.resilience import CircuitBreaker
-from services.stores.base import UserRecord
-
-
-def query_inputs(
-    workflow: Workflow, user: UserRecord, history_length: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """``[1, F]`` user id-features and ``[1, history_length]`` history (left-padded with 0)."""
-    raw = {"user_id": np.asarray([user.user_id], dtype=np.int64)}
-    raw.update({name: np.asarray([value], dtype=object) for name, value in user.attributes.items()})
-    encoded = workflow.transform(raw, partial=True)
-    features = np.stack([encoded[c] for c in USER_TOWER_COLUMNS], axis=1).astype(np.int64)
-    recent = np.asarray(user.recent, dtype=np.int64)[-history_length:]
-    history = np.zeros((1, history_length), dtype=np.int64)
-    if len(recent):
-        ids = workflow.transform({"item_id": recent}, partial=True)["item_id_idx"]
-        history[0, history_length - len(ids) :] = ids
-    return features, history
 
 
 def popularity_candidates(release: Release, count: int) -> tuple[np.ndarray, np.ndarray]:
@@ -78,8 +59,7 @@ class RetrievalStage(ModelStage):
             ctx.count_fallback(self.name, "cold_start")
             ctx.candidates, ctx.retrieval_scores = popularity_candidates(release, wanted)
             return ctx
-        length = int(release.manifest["config"]["history_length"])
-        features, history = query_inputs(release.workflow, ctx.user, length)
+        features, history = release.features.query_inputs(ctx)
         try:
             embedding = await self.breaker.call(
                 lambda: self.backend.encode_query(ctx.model_version, features, history),

@@ -11,9 +11,6 @@ from collections.abc import Callable
 
 import numpy as np
 
-from pipelines.features.ops import Columns
-from pipelines.features.rows import USER_ATTRIBUTES
-from pipelines.features.spec import DENSE, GENRES, SPARSE_COLUMNS
 from services.context import RequestContext
 from services.errors import DependencyUnavailable
 from services.inference.backends import InferenceBackend
@@ -23,30 +20,6 @@ from services.stages.retrieval import ModelStage
 
 # Sees each scored request: (ctx, sparse, dense, probabilities); drift counting, never raises.
 ScoredObserver = Callable[[RequestContext, np.ndarray, np.ndarray, np.ndarray], None]
-
-
-def ranking_inputs(release: Release, ctx: RequestContext) -> tuple[np.ndarray, np.ndarray]:
-    """``sparse [N, T]`` and ``dense [N, D]`` for the candidates of this request.
-
-    The same workflow as training, split by side: item columns were encoded once when the
-    release loaded, the user is encoded once here (one row, broadcast), and the workflow
-    finishes what depends on both (event time, standardisation).
-    """
-    n = len(ctx.candidates)
-    attributes = ctx.user.attributes if ctx.user is not None else {}
-    user: Columns = {"user_id": np.asarray([ctx.user_id], dtype=np.int64)}
-    for name in USER_ATTRIBUTES:
-        user[name] = np.asarray([attributes.get(name)], dtype=object)
-    rows: Columns = {
-        k: np.broadcast_to(v, (n, *v.shape[1:]))
-        for k, v in release.workflow.transform(user, partial=True).items()
-    }
-    rows.update({k: v[ctx.candidates] for k, v in release.item_columns.items()})
-    rows["timestamp"] = np.full(n, ctx.timestamp, dtype=np.int64)
-    encoded = release.workflow.transform(rows, reuse=True)
-    sparse = np.stack([encoded[c] for c in SPARSE_COLUMNS], axis=1).astype(np.int64)
-    dense = np.concatenate([encoded[DENSE], encoded[GENRES]], axis=1).astype(np.float32)
-    return sparse, dense
 
 
 class ScoringStage(ModelStage):
@@ -67,7 +40,7 @@ class ScoringStage(ModelStage):
         ctx.scores = ctx.retrieval_scores
         if len(ctx.candidates) == 0:
             return ctx
-        sparse, dense = ranking_inputs(self.releases[ctx.model_version], ctx)
+        sparse, dense = self.releases[ctx.model_version].features.ranking_inputs(ctx)
         try:
             logits, embeddings_degraded = await self.breaker.call(
                 lambda: self.backend.rank(ctx.model_version, sparse, dense), self.timeout_s

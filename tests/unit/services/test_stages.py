@@ -214,12 +214,11 @@ def test_serving_features_equal_one_full_workflow_transform(release: Release, kn
     """Item columns cached at load + the user encoded once == the training-time transform."""
     from pipelines.features.rows import USER_ATTRIBUTES, AttributeTable, join_rows
     from pipelines.features.spec import DENSE, GENRES, SPARSE_COLUMNS
-    from services.stages.scoring import ranking_inputs
 
     user = _user(release) if known else None
     ctx = _ctx(release, user=user)
     ctx.candidates = release.popularity[:25]
-    sparse, dense = ranking_inputs(release, ctx)
+    sparse, dense = release.features.ranking_inputs(ctx)
     attributes = user.attributes if user else dict.fromkeys(USER_ATTRIBUTES)
     users = AttributeTable(
         pd.DataFrame([{"user_id": ctx.user_id, **attributes}]), "user_id", USER_ATTRIBUTES
