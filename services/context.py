@@ -33,7 +33,7 @@ class RequestContext:
     candidates: np.ndarray = field(default_factory=lambda: EMPTY_IDS)
     retrieval_scores: np.ndarray = field(default_factory=lambda: EMPTY_SCORES)
     scores: np.ndarray = field(default_factory=lambda: EMPTY_SCORES)
-    encoded_user: dict[str, np.ndarray] | None = None  # the user's features, encoded once
+    encoded_user: dict[str, Any] | None = None  # the user's features, encoded once
     reasons: list[str] = field(default_factory=list)
     timings_ms: dict[str, float] = field(default_factory=dict)
 

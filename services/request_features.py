@@ -14,6 +14,8 @@ Every op is row-wise, so the result equals one full transform of the joined rows
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from pipelines.features.ops import Columns
@@ -25,7 +27,7 @@ from services.context import RequestContext
 TIMESTAMP = "timestamp"
 
 
-def raw_user(user_id: int, attributes: dict[str, str | None]) -> Columns:
+def raw_user(user_id: int, attributes: Mapping[str, str | None]) -> Columns:
     """One user's raw row: the id and every attribute (None where the store has none)."""
     row: Columns = {"user_id": np.asarray([user_id], dtype=np.int64)}
     for name in USER_ATTRIBUTES:
@@ -95,8 +97,8 @@ class RequestFeatures:
         features = np.stack([encoded[c] for c in USER_TOWER_COLUMNS], axis=1).astype(np.int64)
         length = self.history_length
         history = np.zeros((1, length), dtype=np.int64)
-        recent = ctx.user.recent if ctx.user is not None else []
-        recent = np.asarray(recent, dtype=np.int64)[-length:]
+        recent = np.asarray(ctx.user.recent if ctx.user is not None else [], dtype=np.int64)
+        recent = recent[-length:]
         if len(recent):
             ids = self.item_id_op.transform({"item_id": recent})["item_id_idx"]
             history[0, length - len(ids) :] = ids
