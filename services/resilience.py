@@ -87,7 +87,8 @@ class CircuitBreaker:
         if not self.allow():
             raise DependencyUnavailable(self.name, "circuit_open")
         try:
-            result = await asyncio.wait_for(make_call(), timeout_s)
+            async with asyncio.timeout(timeout_s):  # no task per call, unlike wait_for
+                result = await make_call()
         except TimeoutError:
             self.record_failure()
             raise DependencyUnavailable(self.name, "timeout") from None

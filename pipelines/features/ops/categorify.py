@@ -20,13 +20,15 @@ def _keys(values: np.ndarray, numeric: bool) -> tuple[np.ndarray, np.ndarray]:
     if numeric:
         if values.dtype.kind in "OUS":
             text = values.astype(str)
-            null = np.isin(text, ["", "None", "nan"])
+            null = (text == "") | (text == "None") | (text == "nan")  # np.isin: 4x slower
             keys = np.where(null, "nan", text).astype(np.float64)
         else:
             keys = values.astype(np.float64)
         return keys, np.isnan(keys)
     if values.dtype.kind == "O":
-        values = np.where(pd.isna(values), "", values)
+        missing = pd.isna(values)
+        if missing.any():
+            values = np.where(missing, "", values)
     keys = values.astype(str)
     return keys, keys == ""
 

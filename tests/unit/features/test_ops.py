@@ -28,6 +28,8 @@ def test_categorify_numeric_accepts_strings_from_a_store() -> None:
     op.fit({"age": np.array([20, 30, 30, 41])})
     from_store = op.transform({"age": np.array(["30", "20", "", "99"], dtype=object)})
     assert from_store["age_idx"].tolist() == [3, 2, NULL_ID, OOV_ID]
+    missing = np.array([None, "None", "nan", np.nan, "41"], dtype=object)
+    assert op.transform({"age": missing})["age_idx"].tolist() == [NULL_ID] * 4 + [4]
     assert op.transform({"age": np.array([np.nan])})["age_idx"].tolist() == [NULL_ID]
 
 
