@@ -82,8 +82,8 @@ def per_user_retrieval(
         for row, u in enumerate(chunk):
             scores[row, seen[u]] = -np.inf
         # torch.topk: about 2.5x faster than np.argpartition + argsort over a 1M-item row
-        top = torch.topk(torch.from_numpy(scores), min(k_max, scores.shape[1]), dim=1).indices
-        top = top.numpy()
+        best = torch.topk(torch.from_numpy(scores), min(k_max, scores.shape[1]), dim=1)
+        top = best.indices.numpy()
         for row, u in enumerate(chunk):
             count = len(truth[u]) if relevant is None else int(relevant[u])
             hits = np.isin(top[row], truth[u])
