@@ -94,24 +94,21 @@ def stop(process: subprocess.Popen[bytes]) -> None:
 def start_gateway(
     env: dict[str, str], workers: int, group: ProcessGroup
 ) -> tuple[str, subprocess.Popen[bytes]]:
-    """uvicorn on a free loopback port; its workers' CPU is sampled as ``gateway``."""
+    """``cascade serve`` on a free loopback port, as users run it (the guarded HTTP protocol,
+    multiprocess metrics with workers); its processes' CPU is sampled as ``gateway``."""
     port = free_port()
     process = subprocess.Popen(
         [
             sys.executable,
             "-m",
-            "uvicorn",
-            "services.api.app:create_app",
-            "--factory",
+            "services.cli",
+            "serve",
             "--host",
             "127.0.0.1",
             "--port",
             str(port),
             "--workers",
             str(workers),
-            "--log-level",
-            "warning",
-            "--no-access-log",
         ],
         cwd=ROOT,
         env={**os.environ, **env},

@@ -8,7 +8,8 @@ of connections. ``GuardedHttpToolsProtocol`` adds, per worker:
   at most one socket read beyond it);
 - a header read timeout (408 and close when a connection has not sent complete headers
   ``header_timeout_s`` after it opened or its request began);
-- a connection cap (503 and close for connections beyond ``max_connections``).
+- a connection cap (503 and close for connections beyond ``max_connections``);
+- one send per response instead of two (``services.api.coalescing``).
 
 Keep-alive idle time and the graceful-shutdown timeout are uvicorn's own options.
 """
@@ -25,6 +26,7 @@ from typing import Any, ClassVar
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from services.api.coalescing import CoalescingTransport
 from services.metrics import MULTIPROCESS_ENV
 from services.settings import ServerSettings, Settings
 
@@ -44,11 +46,16 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self.header_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        super().connection_made(CoalescingTransport(transport))  # type: ignore[arg-type]
         if len(self.connections) > self.limits.max_connections:
             self.refuse(503, "too many open connections")
             return
         self._arm_header_timer()
+
+    def on_response_complete(self) -> None:
+        if isinstance(self.transport, CoalescingTransport):
+            self.transport.flush()  # a head with no body write (HEAD, 204) goes out now
+        super().on_response_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_header_timer()

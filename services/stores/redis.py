@@ -107,13 +107,15 @@ class RedisStore(OnlineStore):
             return False
 
     async def lookup(self, user_id: int) -> UserLookup:
-        pipe = self.client.pipeline(transaction=False)
+        pipe = self.client.pipeline(transaction=False)  # one round trip, two commands
         pipe.hgetall(self.key("user", user_id))
-        pipe.get(self.key("recent", user_id))
-        pipe.get(self.key("seen", user_id))
-        pipe.get(self.key("unavailable"))
-        pipe.exists(self.key("loaded"))
-        attributes, recent, seen, unavailable, loaded = await pipe.execute()
+        pipe.mget(
+            self.key("recent", user_id),
+            self.key("seen", user_id),
+            self.key("unavailable"),
+            self.key("loaded"),
+        )
+        attributes, (recent, seen, unavailable, loaded) = await pipe.execute()
         user = None
         if attributes:
             user = UserRecord(
@@ -122,7 +124,7 @@ class RedisStore(OnlineStore):
                 unpack_ids(recent),
                 unpack_ids(seen),
             )
-        return UserLookup(user, unpack_ids(unavailable), loaded=bool(loaded))
+        return UserLookup(user, unpack_ids(unavailable), loaded=loaded is not None)
 
     async def write_users(self, users: Sequence[UserRecord]) -> None:
         for start in range(0, len(users), WRITE_BATCH):

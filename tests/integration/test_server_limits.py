@@ -27,8 +27,10 @@ async def _hello(scope: dict, receive: object, send: object) -> None:
     """The smallest ASGI app: 200 'ok' (the limits are the server's, not the app's)."""
     if scope["type"] != "http":
         return
-    await send({"type": "http.response.start", "status": 200, "headers": []})  # type: ignore[operator]
-    await send({"type": "http.response.body", "body": b"ok"})  # type: ignore[operator]
+    status = 204 if scope["path"] == "/empty" else 200
+    headers = [] if status == 204 else [(b"content-length", b"2")]
+    await send({"type": "http.response.start", "status": status, "headers": headers})  # type: ignore[operator]
+    await send({"type": "http.response.body", "body": b"" if status == 204 else b"ok"})  # type: ignore[operator]
 
 
 @pytest.fixture
@@ -148,3 +150,36 @@ def test_sigterm_with_a_stalled_client_stops_within_the_grace_period(
             process.kill()
             process.wait()
         log.close()
+
+
+def _read_head(sock: socket.socket) -> bytes:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+@pytest.mark.parametrize(
+    ("request_line", "status"),
+    [("GET / HTTP/1.1", b"200"), ("HEAD / HTTP/1.1", b"200"), ("GET /empty HTTP/1.1", b"204")],
+)
+def test_answers_without_a_body_write_are_not_held_back(
+    server: int, request_line: str, status: bytes
+) -> None:
+    """The server sends a response head together with the body; a response with no body
+    write (HEAD, 204) must still go out at once, on a connection kept alive."""
+    with _connect(server) as sock:
+        for _ in range(2):  # and the next request on the same connection
+            sock.sendall(f"{request_line}\r\nhost: x\r\n\r\n".encode())
+            data = _read_head(sock)
+            assert data.startswith(b"HTTP/1.1 " + status), data
+            _, _, body = data.partition(b"\r\n\r\n")
+            if request_line.startswith("GET / "):  # the body, however it was split
+                while len(body) < 2:
+                    body += sock.recv(65536)
+                assert body == b"ok"
+            else:
+                assert body == b""
