@@ -11,6 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from pipelines.errors import CascadeError
+from services.api.fast_recommend import RecommendFastPath
 from services.api.limits import BodySizeLimit
 from services.api.routes import alerts, feedback, health, recommend
 from services.errors import http_status
@@ -60,5 +61,6 @@ def create_app(settings: Settings | None = None, gateway: Gateway | None = None)
     async def domain_error(request: Request, error: CascadeError) -> JSONResponse:
         return JSONResponse({"detail": str(error)}, status_code=http_status(error))
 
+    app.add_middleware(RecommendFastPath)  # inside the body-size limit (added after it)
     app.add_middleware(BodySizeLimit, max_bytes=resolved.max_body_bytes)
     return app

@@ -46,7 +46,7 @@ class BodySizeLimit:
         while True:
             message = await receive()
             if message["type"] != "http.request":  # the client went away
-                await self.app(scope, _replay([message]), send)
+                await self.app(scope, replay([message]), send)
                 return
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
@@ -56,11 +56,11 @@ class BodySizeLimit:
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
-        replay = _replay([{"type": "http.request", "body": body, "more_body": False}], receive)
-        await self.app(scope, replay, send)
+        whole: list[Message] = [{"type": "http.request", "body": body, "more_body": False}]
+        await self.app(scope, replay(whole, receive), send)
 
 
-def _replay(messages: list[Message], then: Receive | None = None) -> Receive:
+def replay(messages: list[Message], then: Receive | None = None) -> Receive:
     """A receive() that returns ``messages`` first, then defers to ``then``."""
     pending = list(messages)
 

@@ -3,7 +3,8 @@
 The answer is serialised once, straight from the request context's arrays, and returned as
 a ready ``Response``: FastAPI then skips re-validating and re-serialising it through the
 response model, which still documents the body in the OpenAPI schema (and the API tests
-check every answer against it).
+check every answer against it). A well-formed request does not even reach this route:
+``services.api.fast_recommend`` answers it with the same ``answer``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from fastapi import APIRouter, Response
 
 from services.api.deps import GatewayDep
 from services.api.schemas import ERROR_RESPONSES, RecommendRequest, RecommendResponse
+from services.gateway import Gateway
 from services.impressions import impression_record
 
 router = APIRouter()
@@ -23,6 +25,11 @@ router = APIRouter()
 
 @router.post("/v1/recommend", response_model=RecommendResponse, responses=ERROR_RESPONSES)
 async def recommend(body: RecommendRequest, gateway: GatewayDep) -> Response:
+    return Response(await answer(body, gateway), media_type="application/json")
+
+
+async def answer(body: RecommendRequest, gateway: Gateway) -> bytes:
+    """The recommendation as the JSON body of the answer; the impression is logged."""
     ctx, release = await gateway.recommend(
         body.user_id, body.k, body.context, body.exclude, body.model_version
     )
@@ -43,7 +50,7 @@ async def recommend(body: RecommendRequest, gateway: GatewayDep) -> Response:
     scores = ctx.scores.tolist()
     if not np.isfinite(ctx.scores).all():  # as pydantic writes them: null, never a bare NaN
         scores = [s if math.isfinite(s) else None for s in scores]
-    answer = {
+    result = {
         "request_id": ctx.request_id,
         "user_id": ctx.user_id,
         "items": [
@@ -58,5 +65,4 @@ async def recommend(body: RecommendRequest, gateway: GatewayDep) -> Response:
         "reasons": ctx.reasons,
         "timings_ms": ctx.timings_ms,
     }
-    body_bytes = json.dumps(answer, separators=(",", ":"), allow_nan=False).encode()
-    return Response(body_bytes, media_type="application/json")
+    return json.dumps(result, separators=(",", ":"), allow_nan=False).encode()
