@@ -48,18 +48,20 @@ def make_store(settings: Settings) -> OnlineStore:
 
 def make_backend(settings: Settings) -> InferenceBackend:
     if settings.triton.url:
-        from services.inference.backends import QUERY_TOWER
+        from services.inference.backends import QUERY_TOWER, RANKER
         from services.inference.placement import PlacedBackend
         from services.inference.triton import TritonBackend
 
         key = settings.triton.control_key
+        on_triton = settings.triton.query_tower == "triton"
         triton = TritonBackend(
             settings.triton.url,
             settings.triton.protocol,
             key.get_secret_value() if key is not None else None,
             settings.artifacts / "model_repository",
+            models=(QUERY_TOWER, RANKER) if on_triton else (RANKER,),
         )
-        if settings.triton.query_tower == "triton":
+        if on_triton:
             return triton
         query = LocalBackend(settings.artifacts / "model_repository", settings, (QUERY_TOWER,))
         return PlacedBackend(query, triton)

@@ -27,8 +27,10 @@ class TritonBackend(InferenceBackend):
         protocol: str = "http",
         control_key: str | None = None,
         model_repository: Path | None = None,
+        models: tuple[str, ...] = (QUERY_TOWER, RANKER),
     ) -> None:
         self.url = url
+        self.models = models  # the models whose versions serve_versions manages
         self.protocol = protocol
         self._control_key = control_key
         self.model_repository = model_repository  # the configs serve_versions loads with
@@ -73,12 +75,13 @@ class TritonBackend(InferenceBackend):
         )
 
     async def serve_versions(self, versions: list[int]) -> None:
-        """Load both models with exactly ``versions`` (their config.pbtxt with a ``specific``
-        version policy): Triton loads the new versions, keeps serving the old ones until
-        the new are ready, then unloads those not listed."""
-        for model in (QUERY_TOWER, RANKER):
+        """Load this backend's models with exactly ``versions`` (their config.pbtxt with a
+        ``specific`` version policy): Triton loads the new versions, keeps serving the old
+        ones until the new are ready, then unloads those not listed. With the query tower in
+        the gateway only the ranker is Triton's: a canary starts half the python stubs."""
+        for model in self.models:
             await self.load_model(model, self.config_with_versions(model, versions))
-        for model in (QUERY_TOWER, RANKER):
+        for model in self.models:
             for version in versions:
                 if not await self.ready(model, version):
                     raise RuntimeError(f"Triton loaded {model} but version {version} is not ready")

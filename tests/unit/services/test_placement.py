@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from services.gateway import make_backend
-from services.inference.backends import QUERY_TOWER, InferenceBackend, LocalBackend
+from services.inference.backends import QUERY_TOWER, RANKER, InferenceBackend, LocalBackend
 from services.inference.placement import PlacedBackend
 from services.inference.triton import TritonBackend
 from services.settings import Settings, TritonSettings
@@ -101,10 +101,11 @@ def test_settings_choose_the_placement(tmp_path: Path) -> None:
     default = make_backend(Settings(artifacts=tmp_path, triton=TritonSettings(url=url)))
     assert isinstance(default, PlacedBackend) and isinstance(default.ranker, TritonBackend)
     assert default.query.models == (QUERY_TOWER,)
+    assert default.ranker.models == (RANKER,)  # Triton loads no query-tower versions
     remote = make_backend(
         Settings(artifacts=tmp_path, triton=TritonSettings(url=url, query_tower="triton"))
     )
-    assert isinstance(remote, TritonBackend)
+    assert isinstance(remote, TritonBackend) and remote.models == (QUERY_TOWER, RANKER)
     assert isinstance(make_backend(Settings(artifacts=tmp_path)), LocalBackend)
 
 
@@ -114,3 +115,24 @@ def test_an_unknown_placement_is_a_settings_error_naming_the_field(
     monkeypatch.setenv("CASCADE_TRITON__QUERY_TOWER", "gpu")
     with pytest.raises(ValueError, match=r"triton\.query_tower"):
         Settings()
+
+
+class RecordingTritonClient:
+    def __init__(self) -> None:
+        self.loaded: list[str] = []
+
+    async def load_model(self, model: str, headers: dict, config: str | None) -> None:
+        self.loaded.append(model)
+
+    async def is_model_ready(self, model: str, version: str) -> bool:
+        return True
+
+
+async def test_a_triton_backend_changes_versions_of_its_own_models_only(exported: Path) -> None:
+    backend = TritonBackend(
+        "127.0.0.1:1", models=(RANKER,), model_repository=exported / "model_repository"
+    )
+    client = RecordingTritonClient()
+    backend._client = client
+    await backend.serve_versions([1])
+    assert client.loaded == [RANKER]
