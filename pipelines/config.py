@@ -29,7 +29,15 @@ class TrainConfig(BaseModel):
     two_tower_epochs: int = Field(
         30, ge=1, description="Most passes over the retrieval positives (early stopping)."
     )
-    two_tower_batch: int = Field(512, ge=2, description="In-batch softmax size.")
+    two_tower_batch: int = Field(512, ge=2, description="Two-tower batch size.")
+    full_softmax_max_items: int = Field(
+        10_000,
+        ge=0,
+        description="Up to this catalog size the two-tower is trained with a full softmax "
+        "over every item (the user's other training positives masked); above it with "
+        "in-batch sampled softmax and log-Q correction, whose cost per sample does not "
+        "grow with the catalog.",
+    )
     two_tower_lr: float = Field(
         3e-3, gt=0, description="Adam learning rate of the two-tower model."
     )

@@ -73,9 +73,16 @@ class TwoTowerBatches:
     user's features and recent history, the positive's id-features, dense features and log-Q.
     Hiding the target from the user's history (the query must not see what it predicts) is
     one whole-batch comparison, no per-row Python.
+
+    With ``full_softmax`` a batch is instead ``(user features, history, target positions,
+    excluded)`` for ``TwoTower.catalog_loss``: ``excluded`` ``[B, n_items]`` marks each
+    user's training positives (built from a users x items CSR index, again no per-row
+    Python), so that none of them is a negative.
     """
 
-    def __init__(self, data: RetrievalData, batch: int, seed: int) -> None:
+    def __init__(
+        self, data: RetrievalData, batch: int, seed: int, full_softmax: bool = False
+    ) -> None:
         self.pairs = torch.from_numpy(data.positives["train"])
         self.user_features = torch.from_numpy(data.user_features)
         self.history = torch.from_numpy(data.history)
@@ -85,14 +92,35 @@ class TwoTowerBatches:
         self.item_idx = self.item_features[:, 0]
         self.batch = batch
         self.generator = torch.Generator().manual_seed(seed)
+        self.full_softmax = full_softmax
+        order = torch.argsort(self.pairs[:, 0], stable=True)
+        self.liked = self.pairs[order, 1]  # training positives grouped by user
+        self.bounds = torch.searchsorted(
+            self.pairs[order, 0].contiguous(), torch.arange(len(data.user_ids) + 1)
+        )
 
     def __len__(self) -> int:
         return -(-len(self.pairs) // self.batch)
+
+    def excluded(self, users: torch.Tensor) -> torch.Tensor:
+        """``[len(users), n_items]``: True where the item is one of the user's training
+        positives."""
+        starts = self.bounds[users]
+        lengths = self.bounds[users + 1] - starts
+        row = torch.repeat_interleave(torch.arange(len(users)), lengths)
+        offsets = torch.arange(int(lengths.sum())) - torch.repeat_interleave(
+            torch.cumsum(lengths, 0) - lengths, lengths
+        )
+        mask = torch.zeros(len(users), len(self.item_idx), dtype=torch.bool)
+        mask[row, self.liked[torch.repeat_interleave(starts, lengths) + offsets]] = True
+        return mask
 
     def gather(self, rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
         users, items = self.pairs[rows, 0], self.pairs[rows, 1]
         recent = self.history[users]
         recent = recent.masked_fill(recent == self.item_idx[items][:, None], 0)
+        if self.full_softmax:
+            return self.user_features[users], recent, items, self.excluded(users)
         return (
             self.user_features[users],
             recent,
@@ -114,11 +142,16 @@ def train_two_tower(
     report: Callable[[str], None] | None = None,
     quiet: bool = False,
 ) -> list[dict[str, float]]:
-    """Train with early stopping and keep-best on validation NDCG@10 (sampled users)."""
-    batches = TwoTowerBatches(data, config.two_tower_batch, config.seed)
+    """Train with early stopping and keep-best on validation NDCG@10 (sampled users).
+
+    The loss is the full softmax over the catalog when it has at most
+    ``config.full_softmax_max_items`` items, else in-batch sampled softmax with log-Q."""
+    full = len(data.item_ids) <= config.full_softmax_max_items
+    batches = TwoTowerBatches(data, config.two_tower_batch, config.seed, full_softmax=full)
+    catalog = (batches.item_features, batches.item_dense)
 
     def loss(*batch: torch.Tensor) -> torch.Tensor:
-        return model.loss(*batch)
+        return model.catalog_loss(*batch, *catalog) if full else model.loss(*batch)
 
     def validate(_: int) -> dict[str, float]:
         metrics = evaluate_split(two_tower_scores(model, data), data, "valid", config.valid_users)
