@@ -26,6 +26,19 @@ class TrainConfig(BaseModel):
     history_length: int = Field(
         20, ge=1, le=500, description="Recent items fed to the query tower."
     )
+    history_dropout: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="Two-tower training: probability of hiding each history entry.",
+    )
+    user_id_dropout: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="Two-tower training: probability of replacing a user's id by the "
+        "out-of-vocabulary id.",
+    )
     two_tower_epochs: int = Field(
         30, ge=1, description="Most passes over the retrieval positives (early stopping)."
     )

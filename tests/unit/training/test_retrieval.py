@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from pipelines.features.ops.categorify import OOV_ID
 from pipelines.prepare import RetrievalData
 from pipelines.training.retrieval import TwoTowerBatches
 
@@ -58,3 +59,20 @@ def test_sampled_softmax_batches_carry_the_positives_inputs_and_log_q() -> None:
     np.testing.assert_array_equal(log_q.numpy(), data.item_log_q[items.numpy()])
     assert item_dense.shape == (len(items), 2)
     assert not (history == item_features[:, :1]).any()
+
+
+def test_dropout_hides_history_entries_and_user_ids_at_the_asked_rates() -> None:
+    data = _data()
+    plain = TwoTowerBatches(data, batch=4096, seed=0, full_softmax=True)
+    noisy = TwoTowerBatches(
+        data, batch=4096, seed=0, full_softmax=True, history_dropout=0.5, user_id_dropout=0.3
+    )
+    features, history, _, _ = next(iter(plain.epoch(0)))
+    dropped_features, dropped_history, _, _ = next(iter(noisy.epoch(0)))
+    assert (dropped_features[:, 1:] == features[:, 1:]).all()
+    replaced = dropped_features[:, 0] != features[:, 0]
+    assert (dropped_features[replaced, 0] == OOV_ID).all()
+    assert 0.2 < float(replaced.float().mean()) < 0.4
+    kept = history > 0
+    assert (dropped_history[~kept] == 0).all()
+    assert 0.4 < float((dropped_history[kept] == 0).float().mean()) < 0.6
