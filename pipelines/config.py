@@ -27,13 +27,13 @@ class TrainConfig(BaseModel):
         20, ge=1, le=500, description="Recent items fed to the query tower."
     )
     history_dropout: float = Field(
-        0.0,
+        0.5,
         ge=0,
         lt=1,
         description="Two-tower training: probability of hiding each history entry.",
     )
     user_id_dropout: float = Field(
-        0.0,
+        0.5,
         ge=0,
         lt=1,
         description="Two-tower training: probability of replacing a user's id by the "
@@ -52,9 +52,12 @@ class TrainConfig(BaseModel):
         "grow with the catalog.",
     )
     two_tower_lr: float = Field(
-        3e-3, gt=0, description="Adam learning rate of the two-tower model."
+        1e-2, gt=0, description="Adam learning rate of the two-tower model."
     )
     two_tower_dim: int = Field(64, ge=4, description="Output embedding size of both towers.")
+    two_tower_history_dim: int = Field(
+        64, ge=1, description="Embedding size of the history items in the query tower."
+    )
     temperature: float = Field(
         0.2,
         gt=0,

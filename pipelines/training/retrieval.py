@@ -35,6 +35,7 @@ def build_two_tower(workflow: Workflow, n_item_dense: int, config: TrainConfig) 
     query = QueryTower(
         [cardinality(workflow, c) for c in USER_TOWER_COLUMNS],
         n_items=cardinality(workflow, "item_id_idx"),
+        history_dim=config.two_tower_history_dim,
         out_dim=config.two_tower_dim,
     )
     item = ItemTower(
@@ -178,10 +179,14 @@ def train_two_tower(
         history_dropout=config.history_dropout,
         user_id_dropout=config.user_id_dropout,
     )
-    catalog = (batches.item_features, batches.item_dense)
 
     def loss(*batch: torch.Tensor) -> torch.Tensor:
-        return model.catalog_loss(*batch, *catalog) if full else model.loss(*batch)
+        if full:
+            features, history, targets, excluded = batch
+            return model.catalog_loss(
+                features, history, targets, excluded, batches.item_features, batches.item_dense
+            )
+        return model.loss(*batch)
 
     def validate(_: int) -> dict[str, float]:
         metrics = evaluate_split(two_tower_scores(model, data), data, "valid", config.valid_users)

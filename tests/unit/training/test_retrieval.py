@@ -54,7 +54,7 @@ def test_full_softmax_batches_mask_exactly_the_users_training_positives() -> Non
 def test_sampled_softmax_batches_carry_the_positives_inputs_and_log_q() -> None:
     data = _data()
     batches = TwoTowerBatches(data, batch=64, seed=0)
-    features, history, item_features, item_dense, items, log_q = next(iter(batches.epoch(0)))
+    _, history, item_features, item_dense, items, log_q = next(iter(batches.epoch(0)))
     np.testing.assert_array_equal(item_features.numpy(), data.item_features[items.numpy()])
     np.testing.assert_array_equal(log_q.numpy(), data.item_log_q[items.numpy()])
     assert item_dense.shape == (len(items), 2)
