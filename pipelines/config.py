@@ -24,7 +24,7 @@ class TrainConfig(BaseModel):
         "each part).",
     )
     history_length: int = Field(
-        20, ge=1, le=500, description="Recent items fed to the query tower."
+        200, ge=1, le=500, description="Recent items fed to the query tower."
     )
     history_dropout: float = Field(
         0.5,
