@@ -24,16 +24,40 @@ class TrainConfig(BaseModel):
         "each part).",
     )
     history_length: int = Field(
-        20, ge=1, le=500, description="Recent items fed to the query tower."
+        200, ge=1, le=500, description="Recent items fed to the query tower."
+    )
+    history_dropout: float = Field(
+        0.5,
+        ge=0,
+        lt=1,
+        description="Two-tower training: probability of hiding each history entry.",
+    )
+    user_id_dropout: float = Field(
+        0.5,
+        ge=0,
+        lt=1,
+        description="Two-tower training: probability of replacing a user's id by the "
+        "out-of-vocabulary id.",
     )
     two_tower_epochs: int = Field(
         30, ge=1, description="Most passes over the retrieval positives (early stopping)."
     )
-    two_tower_batch: int = Field(512, ge=2, description="In-batch softmax size.")
+    two_tower_batch: int = Field(512, ge=2, description="Two-tower batch size.")
+    full_softmax_max_items: int = Field(
+        10_000,
+        ge=0,
+        description="Up to this catalog size the two-tower is trained with a full softmax "
+        "over every item (the user's other training positives masked); above it with "
+        "in-batch sampled softmax and log-Q correction, whose cost per sample does not "
+        "grow with the catalog.",
+    )
     two_tower_lr: float = Field(
-        3e-3, gt=0, description="Adam learning rate of the two-tower model."
+        1e-2, gt=0, description="Adam learning rate of the two-tower model."
     )
     two_tower_dim: int = Field(64, ge=4, description="Output embedding size of both towers.")
+    two_tower_history_dim: int = Field(
+        64, ge=1, description="Embedding size of the history items in the query tower."
+    )
     temperature: float = Field(
         0.2,
         gt=0,

@@ -1,8 +1,14 @@
 """Two-tower retrieval: a user tower (user features + recent history) and an item tower.
 
-Trained with in-batch sampled softmax and log-Q correction: every other positive in the
-batch is a negative, and each logit is reduced by the log of its item's sampling
-probability so that popular items are not over-penalised for appearing as negatives often.
+Two losses, chosen by catalog size (``pipelines.training.retrieval``):
+
+- full softmax (small catalogs): the item tower encodes the whole catalog once per batch
+  and every item the user did not like in training is a negative — the exact objective
+  that ranking the full catalog at evaluation asks for;
+- in-batch sampled softmax with log-Q correction (large catalogs): every other positive in
+  the batch is a negative, and each logit is reduced by the log of its item's sampling
+  probability so that popular items are not over-penalised for appearing as negatives
+  often. Its cost per sample does not grow with the catalog.
 """
 
 from __future__ import annotations
@@ -71,7 +77,7 @@ class ItemTower(nn.Module):
 
 
 class TwoTower(nn.Module):
-    """Both towers and the sampled-softmax loss."""
+    """Both towers and their two losses (full softmax, in-batch sampled softmax)."""
 
     def __init__(self, query: QueryTower, item: ItemTower, temperature: float = 0.05) -> None:
         super().__init__()
@@ -96,3 +102,27 @@ class TwoTower(nn.Module):
         eye = torch.eye(len(item_ids), dtype=torch.bool, device=logits.device)
         logits = logits.masked_fill(same_item & ~eye, float("-inf"))
         return F.cross_entropy(logits, torch.arange(len(item_ids), device=logits.device))
+
+    def catalog_loss(
+        self,
+        user_features: torch.Tensor,
+        history: torch.Tensor,
+        targets: torch.Tensor,
+        excluded: torch.Tensor,
+        catalog_features: torch.Tensor,
+        catalog_dense: torch.Tensor,
+    ) -> torch.Tensor:
+        """Full softmax over the catalog (item tower inputs ``catalog_*``, row = position).
+
+        ``targets`` are the positives' catalog positions; ``excluded`` ``[B, n_items]`` marks
+        the user's other training positives, which are not negatives (the target itself may
+        be marked: it is always kept).
+        """
+        users = self.query(user_features, history)
+        items = self.item(catalog_features, catalog_dense)
+        logits = users @ items.T / self.temperature
+        rows = torch.arange(len(targets), device=logits.device)
+        excluded = excluded.clone()
+        excluded[rows, targets] = False
+        logits = logits.masked_fill(excluded, float("-inf"))
+        return F.cross_entropy(logits, targets)

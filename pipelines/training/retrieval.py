@@ -15,6 +15,7 @@ import torch
 from pipelines.config import TrainConfig
 from pipelines.evaluation.popularity_check import describe, popularity_check
 from pipelines.evaluation.protocol import evaluate_split
+from pipelines.features.ops.categorify import OOV_ID
 from pipelines.features.spec import ITEM_TOWER_COLUMNS, USER_TOWER_COLUMNS, cardinality
 from pipelines.features.workflow import Workflow
 from pipelines.models.two_tower import ItemTower, QueryTower, TwoTower
@@ -34,6 +35,7 @@ def build_two_tower(workflow: Workflow, n_item_dense: int, config: TrainConfig) 
     query = QueryTower(
         [cardinality(workflow, c) for c in USER_TOWER_COLUMNS],
         n_items=cardinality(workflow, "item_id_idx"),
+        history_dim=config.two_tower_history_dim,
         out_dim=config.two_tower_dim,
     )
     item = ItemTower(
@@ -73,9 +75,29 @@ class TwoTowerBatches:
     user's features and recent history, the positive's id-features, dense features and log-Q.
     Hiding the target from the user's history (the query must not see what it predicts) is
     one whole-batch comparison, no per-row Python.
+
+    Regularisation, drawn per batch from the same seeded generator: each history entry is
+    hidden with probability ``history_dropout`` (the query learns to complete a partial
+    history, as a denoising autoencoder does), and the user's id is replaced by the
+    out-of-vocabulary id with probability ``user_id_dropout`` (the query cannot simply
+    memorise each user's training positives in the id's row, and the OOV row, which serves
+    users unknown to the workflow, gets trained).
+
+    With ``full_softmax`` a batch is instead ``(user features, history, target positions,
+    excluded)`` for ``TwoTower.catalog_loss``: ``excluded`` ``[B, n_items]`` marks each
+    user's training positives (built from a users x items CSR index, again no per-row
+    Python), so that none of them is a negative.
     """
 
-    def __init__(self, data: RetrievalData, batch: int, seed: int) -> None:
+    def __init__(
+        self,
+        data: RetrievalData,
+        batch: int,
+        seed: int,
+        full_softmax: bool = False,
+        history_dropout: float = 0.0,
+        user_id_dropout: float = 0.0,
+    ) -> None:
         self.pairs = torch.from_numpy(data.positives["train"])
         self.user_features = torch.from_numpy(data.user_features)
         self.history = torch.from_numpy(data.history)
@@ -85,16 +107,46 @@ class TwoTowerBatches:
         self.item_idx = self.item_features[:, 0]
         self.batch = batch
         self.generator = torch.Generator().manual_seed(seed)
+        self.full_softmax = full_softmax
+        self.history_dropout = history_dropout
+        self.user_id_dropout = user_id_dropout
+        order = torch.argsort(self.pairs[:, 0], stable=True)
+        self.liked = self.pairs[order, 1]  # training positives grouped by user
+        self.bounds = torch.searchsorted(
+            self.pairs[order, 0].contiguous(), torch.arange(len(data.user_ids) + 1)
+        )
 
     def __len__(self) -> int:
         return -(-len(self.pairs) // self.batch)
 
+    def excluded(self, users: torch.Tensor) -> torch.Tensor:
+        """``[len(users), n_items]``: True where the item is one of the user's training
+        positives."""
+        starts = self.bounds[users]
+        lengths = self.bounds[users + 1] - starts
+        row = torch.repeat_interleave(torch.arange(len(users)), lengths)
+        offsets = torch.arange(int(lengths.sum())) - torch.repeat_interleave(
+            torch.cumsum(lengths, 0) - lengths, lengths
+        )
+        mask = torch.zeros(len(users), len(self.item_idx), dtype=torch.bool)
+        mask[row, self.liked[torch.repeat_interleave(starts, lengths) + offsets]] = True
+        return mask
+
     def gather(self, rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
         users, items = self.pairs[rows, 0], self.pairs[rows, 1]
         recent = self.history[users]
-        recent = recent.masked_fill(recent == self.item_idx[items][:, None], 0)
+        hidden = recent == self.item_idx[items][:, None]
+        if self.history_dropout > 0:
+            hidden |= torch.rand(recent.shape, generator=self.generator) < self.history_dropout
+        recent = recent.masked_fill(hidden, 0)
+        features = self.user_features[users]
+        if self.user_id_dropout > 0:
+            dropped = torch.rand(len(users), generator=self.generator) < self.user_id_dropout
+            features[:, 0] = features[:, 0].masked_fill(dropped, OOV_ID)
+        if self.full_softmax:
+            return features, recent, items, self.excluded(users)
         return (
-            self.user_features[users],
+            features,
             recent,
             self.item_features[items],
             self.item_dense[items],
@@ -114,10 +166,26 @@ def train_two_tower(
     report: Callable[[str], None] | None = None,
     quiet: bool = False,
 ) -> list[dict[str, float]]:
-    """Train with early stopping and keep-best on validation NDCG@10 (sampled users)."""
-    batches = TwoTowerBatches(data, config.two_tower_batch, config.seed)
+    """Train with early stopping and keep-best on validation NDCG@10 (sampled users).
+
+    The loss is the full softmax over the catalog when it has at most
+    ``config.full_softmax_max_items`` items, else in-batch sampled softmax with log-Q."""
+    full = len(data.item_ids) <= config.full_softmax_max_items
+    batches = TwoTowerBatches(
+        data,
+        config.two_tower_batch,
+        config.seed,
+        full_softmax=full,
+        history_dropout=config.history_dropout,
+        user_id_dropout=config.user_id_dropout,
+    )
 
     def loss(*batch: torch.Tensor) -> torch.Tensor:
+        if full:
+            features, history, targets, excluded = batch
+            return model.catalog_loss(
+                features, history, targets, excluded, batches.item_features, batches.item_dense
+            )
         return model.loss(*batch)
 
     def validate(_: int) -> dict[str, float]:

@@ -60,3 +60,24 @@ def test_log_q_correction_lowers_popular_items_less() -> None:
     uniform = model.loss(*args, torch.log(torch.tensor([0.5, 0.5])))
     skewed = model.loss(*args, torch.log(torch.tensor([0.99, 0.01])))
     assert not torch.isclose(uniform, skewed)
+
+
+def test_catalog_loss_is_cross_entropy_over_the_items_not_excluded() -> None:
+    model = _two_tower()
+    users = torch.tensor([[1, 1], [2, 2]])
+    history = torch.tensor([[0, 3], [0, 0]])
+    catalog = torch.arange(6)[:, None]
+    dense = torch.zeros(6, 2)
+    targets = torch.tensor([2, 5])
+    excluded = torch.zeros(2, 6, dtype=torch.bool)
+    excluded[0, [1, 2, 4]] = True  # user 0's other positives (and its target, which is kept)
+    loss = model.catalog_loss(users, history, targets, excluded, catalog, dense)
+    logits = model.query(users, history) @ model.item(catalog, dense).T / model.temperature
+    expected = torch.stack(
+        [
+            torch.nn.functional.cross_entropy(logits[0, [0, 2, 3, 5]], torch.tensor(1)),
+            torch.nn.functional.cross_entropy(logits[1], torch.tensor(5)),
+        ]
+    ).mean()
+    torch.testing.assert_close(loss, expected)
+    assert excluded[0, 2]  # the caller's mask is not modified

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -44,8 +45,11 @@ class RecordingRanker(InferenceBackend):
         return np.zeros(len(sparse), np.float32), False
 
 
-def _inputs() -> tuple[np.ndarray, np.ndarray]:
-    return np.zeros((1, 5), np.int64), np.arange(20, dtype=np.int64).reshape(1, 20) % 7
+def _inputs(exported: Path) -> tuple[np.ndarray, np.ndarray]:
+    """One request's query inputs, the history as long as the release's (the ONNX input's)."""
+    manifest = json.loads((exported / "releases/1/manifest.json").read_text())
+    length = int(manifest["config"]["history_length"])
+    return np.zeros((1, 5), np.int64), np.arange(length, dtype=np.int64).reshape(1, length) % 7
 
 
 async def test_the_query_tower_runs_in_process_and_the_ranker_on_the_other_backend(
@@ -59,7 +63,7 @@ async def test_the_query_tower_runs_in_process_and_the_ranker_on_the_other_backe
     await everything.start([1])
     try:
         assert placed.query.ranker == {}  # no ranker (nor its embedding tables) in process
-        features, history = _inputs()
+        features, history = _inputs(exported)
         np.testing.assert_array_equal(
             await placed.encode_query(1, features, history),
             await everything.encode_query(1, features, history),

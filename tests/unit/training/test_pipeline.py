@@ -76,8 +76,10 @@ def test_export_is_complete_and_consistent(run: tuple[Path, Path, str]) -> None:
         table = np.load(out / f"model_repository/ranker/1/embeddings/{column}.npy", mmap_mode="r")
         assert table.shape == (rows, tables["dim"]) and table.dtype == np.float32
     session = ort.InferenceSession(str(out / "model_repository/query_tower/1/model.onnx"))
+    length = manifest["config"]["history_length"]  # the history the release's serving sends
     embedding = session.run(
-        None, {"user_features": np.zeros((2, 5), np.int64), "history": np.zeros((2, 20), np.int64)}
+        None,
+        {"user_features": np.zeros((2, 5), np.int64), "history": np.zeros((2, length), np.int64)},
     )[0]
     assert embedding.shape == (2, 64)
     assert Workflow.load(out / "releases/1/workflow").ops
