@@ -24,16 +24,16 @@ class TrainConfig(BaseModel):
         "each part).",
     )
     history_length: int = Field(
-        200, ge=1, le=500, description="Recent items fed to the query tower."
+        20, ge=1, le=500, description="Recent items fed to the query tower."
     )
     history_dropout: float = Field(
-        0.5,
+        0.0,
         ge=0,
         lt=1,
         description="Two-tower training: probability of hiding each history entry.",
     )
     user_id_dropout: float = Field(
-        0.5,
+        0.0,
         ge=0,
         lt=1,
         description="Two-tower training: probability of replacing a user's id by the "
@@ -52,11 +52,11 @@ class TrainConfig(BaseModel):
         "grow with the catalog.",
     )
     two_tower_lr: float = Field(
-        1e-2, gt=0, description="Adam learning rate of the two-tower model."
+        3e-3, gt=0, description="Adam learning rate of the two-tower model."
     )
     two_tower_dim: int = Field(64, ge=4, description="Output embedding size of both towers.")
     two_tower_history_dim: int = Field(
-        64, ge=1, description="Embedding size of the history items in the query tower."
+        32, ge=1, description="Embedding size of the history items in the query tower."
     )
     temperature: float = Field(
         0.2,
