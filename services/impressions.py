@@ -61,6 +61,9 @@ class ImpressionLog:
         self.timeout_s = timeout_s
         self._queue: asyncio.Queue[dict[str, str]] = asyncio.Queue(settings.queue)
         self._background = BackgroundTask()
+        # request_id -> model version of the sets queued or being written: a click that
+        # arrives before its impression set reached the store is still attributed
+        self._pending: dict[str, int] = {}
 
     def record(self, record: dict[str, str], served: Container[int]) -> None:
         """Queue one impression set; never blocks, never raises."""
@@ -73,6 +76,12 @@ class ImpressionLog:
             self._queue.put_nowait(record)
         except asyncio.QueueFull:
             IMPRESSIONS_DROPPED.labels(reason="queue_full").inc()
+            return
+        self._pending[record["request_id"]] = int(record["model_version"])
+
+    def pending_version(self, request_id: str) -> int | None:
+        """The version that served ``request_id`` while its set is not yet in the store."""
+        return self._pending.get(request_id)
 
     async def _write(self, batch: list[dict[str, str]]) -> None:
         try:
@@ -85,6 +94,9 @@ class ImpressionLog:
         except Exception as error:  # the store is away: count, never retry into a backlog
             IMPRESSIONS_DROPPED.labels(reason="store_error").inc(len(batch))
             log.debug("impression batch of %d not logged: %r", len(batch), error)
+        finally:
+            for record in batch:
+                self._pending.pop(record["request_id"], None)
 
     def _take_batch(self, first: dict[str, str]) -> list[dict[str, str]]:
         batch = [first]

@@ -22,7 +22,8 @@ router = APIRouter()
 
 async def _attribute(gateway: Gateway, body: FeedbackRequest) -> list[int | None]:
     """The model version of each event: the one that served its request_id when it names
-    one (None when that is unknown or expired), else the client's own claim."""
+    one (from the store, or from this gateway's impression sets not yet written there; None
+    when that is unknown or expired), else the client's own claim."""
     request_ids = sorted({e.request_id for e in body.events if e.request_id})
     resolved: dict[str, int | None] = {}
     if request_ids:
@@ -31,6 +32,10 @@ async def _attribute(gateway: Gateway, body: FeedbackRequest) -> list[int | None
             lambda: gateway.store.impression_versions(request_ids), timeout_s
         )
         resolved = dict(zip(request_ids, versions, strict=True))
+        if gateway.impressions is not None:  # answered just now: its set may still be queued
+            for request_id, version in resolved.items():
+                if version is None:
+                    resolved[request_id] = gateway.impressions.pending_version(request_id)
     return [resolved[e.request_id] if e.request_id else e.model_version for e in body.events]
 
 

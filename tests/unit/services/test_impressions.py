@@ -6,6 +6,7 @@ import asyncio
 
 import httpx
 import numpy as np
+import pytest
 from prometheus_client import REGISTRY
 
 from services.gateway import Gateway
@@ -55,6 +56,33 @@ async def test_clicks_are_attributed_to_the_version_that_served_them(
         clicks_before + 2
     )
     assert _value("cascade_hits_total", model_version="1") == hits_before + 1  # once per set
+
+
+async def test_a_click_before_its_impression_set_is_written_is_attributed(
+    client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer runs behind the answers: a user who clicks at once must not be counted
+    as unattributed because the set is still queued (or being written)."""
+    gateway = _gateway(client)
+    release = asyncio.Event()
+    real_append = gateway.store.append_impressions
+
+    async def held(*args: object, **kwargs: object) -> None:
+        await release.wait()
+        await real_append(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(gateway.store, "append_impressions", held)
+    body = (await client.post("/v1/recommend", json={"user_id": 3, "k": 5})).json()
+    assert await gateway.store.impression_versions([body["request_id"]]) == [None]
+    event = {"user_id": 3, "item_id": body["items"][0]["item_id"], "type": "click"}
+    event["request_id"] = body["request_id"]
+    assert (await client.post("/v1/feedback", json={"events": [event]})).status_code == 200
+    stored = [f for _, f in await gateway.store.read_stream("feedback")]
+    assert stored[-1]["model_version"] == "1"
+    release.set()
+    await asyncio.sleep(0.05)
+    assert gateway.impressions is not None
+    assert gateway.impressions.pending_version(body["request_id"]) is None  # written: forgotten
 
 
 async def test_an_unknown_request_id_is_unattributed(client: httpx.AsyncClient) -> None:
