@@ -161,7 +161,6 @@ class Gateway:
         requests that follow degrade as usual."""
         for version in versions:
             release = self.releases[version]
-            length = int(release.manifest["config"]["history_length"])
             ctx = RequestContext(user_id=0, k=1, timestamp=int(time.time()), model_version=version)
             ctx.candidates = release.popularity[: self.settings.candidates]
             sparse, dense = release.features.ranking_inputs(ctx)
@@ -170,7 +169,7 @@ class Gateway:
                     self.backend.encode_query(
                         version,
                         np.zeros((1, len(USER_TOWER_COLUMNS)), np.int64),
-                        np.zeros((1, length), np.int64),
+                        np.zeros((1, release.features.history_length), np.int64),
                     ),
                     30,
                 )

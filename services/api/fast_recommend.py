@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 
 from pydantic import ValidationError
+from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pipelines.errors import CascadeError
@@ -62,11 +63,13 @@ class RecommendFastPath:
             await self.app(scope, replay(messages, receive), send)
             return
         try:
-            status, body = 200, await answer(request, scope["app"].state.gateway)
-        except CascadeError as error:  # as the app's handler renders it
-            status, body = http_status(error), json.dumps({"detail": str(error)}).encode()
+            body = await answer(request, scope["app"].state.gateway)
+        except CascadeError as error:  # the same response as the app's handler gives
+            detail = JSONResponse({"detail": str(error)}, status_code=http_status(error))
+            await detail(scope, receive, send)
+            return
         headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
-        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
 
