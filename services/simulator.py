@@ -13,7 +13,9 @@ comes from a preference model no trained model sees directly:
 - the synthetic generator: its hidden latent affinity (``RawDataset.truth``).
 
 Clicks are posted to ``/v1/feedback`` with the answer's ``request_id`` (so the gateway
-attributes them) and an ``event_id`` (so retries are harmless). Requests go out at a fixed
+attributes them) and an ``event_id`` (so retries are harmless): a feedback post that gets a
+503 (the gateway could not store it durably in time) or no answer is retried, a few times with
+a short backoff, as a production client would. Requests go out at a fixed
 rate for a fixed time, at most ``max_requests``, bounded concurrency; it stops by itself and
 reports impressions, clicks, CTR and hit rate per model version.
 """
@@ -39,6 +41,8 @@ from pipelines.errors import CascadeError
 UNRATED_INTEREST = 0.1
 POPULATIONS = ("all", "young", "old", "heavy", "new")
 NEW_USERS = 1000  # size of the "new" population: ids no release knows (cold starts)
+FEEDBACK_ATTEMPTS = 4  # a feedback post is sent at most this many times
+FEEDBACK_BACKOFF_S = 0.1  # before the first retry; doubled before each further one
 
 
 class Preferences:
@@ -132,6 +136,7 @@ class Report:
     degraded: int = 0
     seconds: float = 0.0
     shifted: int = 0  # requests sent for the shifted population
+    feedback_retries: int = 0  # feedback posts sent again after a 503 or no answer
 
     def as_dict(self) -> dict:
         return {
@@ -139,6 +144,7 @@ class Report:
             "errors": self.errors,
             "error_kinds": dict(sorted(self.error_kinds.items())),
             "shifted": self.shifted,
+            "feedback_retries": self.feedback_retries,
             "degraded": self.degraded,
             "seconds": round(self.seconds, 2),
         }
@@ -157,6 +163,7 @@ class Report:
         kinds = ", ".join(f"{kind} {n}" for kind, n in sorted(self.error_kinds.items()))
         lines.append(
             f"errors {self.errors}{f' ({kinds})' if kinds else ''}, "
+            f"feedback retries {self.feedback_retries}, "
             f"degraded answers {self.degraded}, {self.seconds:.1f} s"
         )
         return "\n".join(lines)
@@ -172,6 +179,7 @@ class SimulationPlan:
     concurrency: int = 16
     seed: int = 0
     timeout_s: float = 5.0
+    feedback_attempts: int = FEEDBACK_ATTEMPTS
     shift_at_s: float | None = None  # from then on, users come from the shifted population
 
 
@@ -181,11 +189,13 @@ async def simulate(
     preferences: Preferences,
     progress: Callable[[str], None] = lambda _: None,
     shifted: np.ndarray | None = None,
+    transport: Any = None,
 ) -> Report:
     """Drive the gateway at ``plan.rate`` for ``plan.duration_s`` (bounded); return the tally.
 
     With ``plan.shift_at_s`` and ``shifted``, requests scheduled at or after that many
-    seconds draw their users from ``shifted`` instead of ``users`` (a population shift)."""
+    seconds draw their users from ``shifted`` instead of ``users`` (a population shift).
+    ``transport`` replaces httpx's network transport (tests)."""
     import httpx  # the client: imported here so `cascade` starts without the serving extra
 
     if len(users) == 0:
@@ -194,6 +204,8 @@ async def simulate(
         raise ValueError("a population shift needs both shift_at_s and the shifted users")
     if shifted is not None and len(shifted) == 0:
         raise ValueError("the shifted population has no users")
+    if plan.feedback_attempts < 1:
+        raise ValueError(f"feedback_attempts must be >= 1, got {plan.feedback_attempts}")
     shift_at = np.inf if plan.shift_at_s is None else plan.shift_at_s
     rng = np.random.default_rng(plan.seed)
     report = Report()
@@ -202,6 +214,23 @@ async def simulate(
     deadline = started + plan.duration_s
     total = min(plan.max_requests, max(1, int(plan.rate * plan.duration_s)))
     bias = position_bias(plan.k)
+
+    async def post_feedback(http: Any, events: list[dict]) -> None:
+        """Post the clicks; retry a 503 or a transport error (the event ids make a retry
+        harmless); raise what the last attempt got."""
+        backoff_s = FEEDBACK_BACKOFF_S
+        for attempt in range(1, plan.feedback_attempts + 1):
+            try:
+                answer = await http.post("/v1/feedback", json={"events": events})
+                if answer.status_code != 503 or attempt == plan.feedback_attempts:
+                    answer.raise_for_status()
+                    return
+            except httpx.TransportError:
+                if attempt == plan.feedback_attempts:
+                    raise
+            report.feedback_retries += 1
+            await asyncio.sleep(backoff_s)
+            backoff_s *= 2
 
     async def one(http: Any, user_id: int, draws: np.ndarray) -> None:
         async with gate:
@@ -233,13 +262,15 @@ async def simulate(
                         for item in clicked
                     ]
                     route = "feedback"
-                    (await http.post("/v1/feedback", json={"events": events})).raise_for_status()
+                    await post_feedback(http, events)
             except (httpx.HTTPError, ValueError, KeyError) as error:
                 report.errors += 1
                 status = getattr(getattr(error, "response", None), "status_code", None)
                 report.error_kinds[f"{route} {status or type(error).__name__}"] += 1
 
-    async with httpx.AsyncClient(base_url=plan.url, timeout=plan.timeout_s) as http:
+    async with httpx.AsyncClient(
+        base_url=plan.url, timeout=plan.timeout_s, transport=transport
+    ) as http:
         tasks = []
         for number in range(total):
             at = started + number / plan.rate
