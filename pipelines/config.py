@@ -107,10 +107,12 @@ class TrainConfig(BaseModel):
     gbm_rounds: int = Field(
         400, ge=1, description="Most boosting rounds (early stopping on validation)."
     )
-    eval_users: int | None = Field(
-        None,
+    eval_users: int = Field(
+        10_000,
         ge=1,
-        description="Evaluate retrieval on a seeded sample of this many users (all if unset).",
+        description="Evaluate retrieval on test for every user up to this many, else on a "
+        "seeded sample of this many (the same users for every model): each ranks the whole "
+        "catalog, about 8 ms per user and model at 1M items on one core.",
     )
     threads: int = Field(2, ge=1, description="CPU threads for LightGBM.")
     torch_threads: int = Field(

@@ -63,8 +63,9 @@ def run_pipeline(
     synthetic_size: tuple[int, int, int] = (10_000, 5_000, 200_000),
     log: Callable[[str], None] = print,
     base_fraction: float = 1.0,
-) -> Path:
-    """Run ``steps`` in order; write the report and return its path.
+) -> Path | None:
+    """Run ``steps`` in order; write the report and return its path (None when the steps run
+    so far leave the retrieval or ranking results missing).
 
     ``base_fraction`` < 1 trains on the oldest part of the data set only (recorded in the
     manifest, so ``cascade retrain`` knows the newer rows are new to this version)."""
@@ -121,6 +122,10 @@ def run_pipeline(
             )
             log(f"exported {manifest.parent}")
         timings[step] = round(time.perf_counter() - started, 2)
+    missing = [s for s in ("retrieval", "ranking") if not (workdir / f"{s}_result.json").is_file()]
+    if missing:  # a partial run (say `prepare retrieval`): its results are saved, no report yet
+        log(f"report: not written until `cascade train {' '.join(missing)}` has run")
+        return None
     info = _read_json(workdir / DATASET_INFO, "prepare")
     retrieval = _read_json(workdir / "retrieval_result.json", "retrieval")
     ranking = _read_json(workdir / "ranking_result.json", "ranking")

@@ -118,6 +118,8 @@ def _run_train(args: argparse.Namespace) -> int:
         synthetic_size=(args.users, args.items, args.interactions),
         base_fraction=args.base_fraction,
     )
+    if report is None:
+        return 0
     summary = json.loads(report.read_text())
     for section in ("retrieval", "ranking"):
         print(f"{section} (test):")

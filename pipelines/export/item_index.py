@@ -15,6 +15,10 @@ import numpy as np
 
 FLAT_LIMIT = 100_000
 DEFAULT_NPROBE = 32
+# k-means iterations of the IVF coarse quantizer: on the 1M-item synthetic release's
+# embeddings, 10 gave recall@20 0.957 at nprobe 32 against 0.958 with faiss' default of 25,
+# and cut the index's training time by about 40% (the costliest part of a 1M-item export)
+KMEANS_ITERATIONS = 10
 
 
 def build_index(embeddings: np.ndarray, seed: int = 0) -> faiss.Index:
@@ -32,12 +36,14 @@ def build_index(embeddings: np.ndarray, seed: int = 0) -> faiss.Index:
     if faiss.get_num_gpus() > 0:  # pragma: no cover - needs a GPU
         clustering = faiss.Clustering(dim, lists)
         clustering.seed = seed
+        clustering.niter = KMEANS_ITERATIONS
         gpu_quantizer = faiss.index_cpu_to_all_gpus(faiss.IndexFlatIP(dim))
         clustering.train(sample, gpu_quantizer)
         quantizer.add(faiss.vector_to_array(clustering.centroids).reshape(lists, dim))
         index.is_trained = True
     else:
         index.cp.seed = seed
+        index.cp.niter = KMEANS_ITERATIONS
         index.train(sample)
     index.add(vectors)
     index.nprobe = DEFAULT_NPROBE

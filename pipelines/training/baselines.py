@@ -5,7 +5,7 @@ validation, when the catalog is small enough for an items x items matrix)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -16,7 +16,7 @@ from pipelines.evaluation.protocol import evaluate_split
 from pipelines.models.bpr import BPRMF
 from pipelines.models.ease import EASE, gram
 from pipelines.prepare import RetrievalData
-from pipelines.training.loop import EarlyStopping, train_epochs
+from pipelines.training.loop import EarlyStopping, device, train_epochs
 
 SELECTION_METRIC = "ndcg@10"  # every retrieval model is selected on validation NDCG@10
 EASE_L2_GRID = (50.0, 200.0, 500.0, 1000.0)
@@ -75,7 +75,8 @@ class NegativeSampler:
 def bpr_scores(model: BPRMF) -> Callable[[np.ndarray], np.ndarray]:
     @torch.no_grad()
     def score(users: np.ndarray) -> np.ndarray:
-        return (model.users.weight[torch.from_numpy(users)] @ model.items.weight.T).numpy()
+        chosen = model.users.weight[torch.from_numpy(users).to(model.users.weight.device)]
+        return (chosen @ model.items.weight.T).cpu().numpy()
 
     return score
 
@@ -84,22 +85,28 @@ def train_bpr(
     data: RetrievalData, config: TrainConfig, report: Callable[[str], None] | None = None
 ) -> tuple[BPRMF, list[dict[str, float]]]:
     """BPR-MF with early stopping and keep-best on validation NDCG@10."""
-    model = BPRMF(len(data.user_ids), len(data.item_ids), dim=config.bpr_dim)
+    model = BPRMF(len(data.user_ids), len(data.item_ids), dim=config.bpr_dim).to(device())
     pairs = torch.from_numpy(data.positives["train"])
     generator = torch.Generator().manual_seed(config.seed)
     negatives = NegativeSampler(data.positives["train"], len(data.item_ids), generator)
 
-    def loss(rows: torch.Tensor) -> torch.Tensor:
-        users = pairs[rows, 0]
-        return model.loss(users, pairs[rows, 1], negatives(users), l2=config.bpr_l2)
+    def epoch(_: int) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """(users, positives, negatives) on the CPU, by the seeded generator, whatever the
+        model's device (train_epochs moves each batch there)."""
+        for rows in torch.randperm(len(pairs), generator=generator).split(BPR_BATCH):
+            users = pairs[rows, 0]
+            yield users, pairs[rows, 1], negatives(users)
+
+    def loss(users: torch.Tensor, items: torch.Tensor, drawn: torch.Tensor) -> torch.Tensor:
+        return model.loss(users, items, drawn, l2=config.bpr_l2)
 
     def validate(_: int) -> dict[str, float]:
         metrics = evaluate_split(bpr_scores(model), data, "valid", config.valid_users)
-        return {f"valid_{SELECTION_METRIC}": metrics[SELECTION_METRIC]}
+        return {f"valid_{name}": value for name, value in metrics.items()}
 
     curve = train_epochs(
         model,
-        lambda _: ((b,) for b in torch.randperm(len(pairs), generator=generator).split(BPR_BATCH)),
+        epoch,
         loss,
         config.bpr_epochs,
         config.bpr_lr,
@@ -110,7 +117,7 @@ def train_bpr(
         batches_per_epoch=-(-len(pairs) // BPR_BATCH),
         report=report,
     )
-    return model, curve
+    return model.cpu(), curve
 
 
 def train_ease(

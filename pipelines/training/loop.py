@@ -26,7 +26,24 @@ def seed_everything(seed: int) -> None:
 
 
 def device() -> torch.device:
+    """Where the trainers put their models: the GPU when there is one, else the CPU."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def on_device(value: Any, target: torch.device) -> Any:
+    """``value`` (a tensor, or a tuple, list or dict of them) on ``target`` (no copy when it
+    is there already)."""
+    if isinstance(value, torch.Tensor):
+        return value.to(target, non_blocking=True)
+    if isinstance(value, dict):
+        return {key: on_device(item, target) for key, item in value.items()}
+    if isinstance(value, tuple | list):
+        return type(value)(on_device(item, target) for item in value)
+    return value
 
 
 @dataclass(frozen=True)
@@ -87,8 +104,9 @@ def train_epochs(
 
     Embedding tables with sparse gradients (``nn.Embedding(sparse=True)``) are updated by
     SparseAdam, only in the rows a batch touched (a million-row table costs what the batch
-    uses); every other parameter by Adam. On a GPU the forward pass runs under bfloat16
-    autocast (mixed precision).
+    uses); every other parameter by Adam. Training runs where the model is: each batch is
+    moved to the model's device, and on a GPU the forward pass runs under bfloat16 autocast
+    (mixed precision).
 
     With ``stopping``, the model is validated on its schedule, training stops once
     ``patience`` validations in a row did not improve ``monitor``, and the weights of the
@@ -99,7 +117,8 @@ def train_epochs(
     silences both the lines and the bar.
     """
     optimizers = make_optimizers(model, lr, weight_decay)
-    use_amp = torch.cuda.is_available()
+    target = model_device(model)
+    use_amp = target.type == "cuda"
     emit = report or print
     history: list[dict[str, float]] = []
     best_value, best_state, best_index, stale = -float("inf"), None, -1, 0
@@ -116,6 +135,7 @@ def train_epochs(
         )
         running = torch.zeros(())
         for batch in bar:
+            batch = on_device(batch, target)
             with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_amp):
                 loss = loss_fn(*batch)
             for optimizer in optimizers:

@@ -28,7 +28,13 @@ from pipelines.features.workflow import Workflow
 from pipelines.models.dlrm import DLRM
 from pipelines.models.gbm import TreeRanker, tree_features
 from pipelines.storage import column_names, read_columns
-from pipelines.training.loop import EarlyStopping, seed_everything, train_epochs
+from pipelines.training.loop import (
+    EarlyStopping,
+    device,
+    model_device,
+    seed_everything,
+    train_epochs,
+)
 
 GROUPS = {"sparse": list(SPARSE_COLUMNS), "dense": [DENSE, GENRES], "label": [LABEL]}
 
@@ -49,9 +55,9 @@ def ranking_inputs(path: Path) -> dict[str, np.ndarray]:
 @torch.no_grad()
 def dlrm_logits(model: DLRM, inputs: dict[str, np.ndarray]) -> np.ndarray:
     model.eval()
-    return (
-        model(torch.from_numpy(inputs["sparse"]), torch.from_numpy(inputs["dense"])).float().numpy()
-    )
+    where = model_device(model)
+    sparse, dense = torch.from_numpy(inputs["sparse"]), torch.from_numpy(inputs["dense"])
+    return model(sparse.to(where), dense.to(where)).float().cpu().numpy()
 
 
 def build_dlrm(workflow: Workflow, n_dense: int, config: TrainConfig) -> DLRM:
@@ -85,7 +91,8 @@ def train_dlrm(
             "valid_logloss": logloss(valid["label"], sigmoid(logits)),
         }
 
-    return train_epochs(
+    model.to(device())  # the loader's batches are moved to it by train_epochs
+    curve = train_epochs(
         model,
         lambda _: ((b,) for b in loader),
         loss,
@@ -96,6 +103,8 @@ def train_dlrm(
         batches_per_epoch=len(loader),
         report=report,
     )
+    model.cpu()  # evaluation, the blend and export run on the CPU
+    return curve
 
 
 def popularity_logits(inputs: dict[str, np.ndarray]) -> np.ndarray:

@@ -22,11 +22,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pipelines.errors import CascadeError
 from services.api.limits import replay
-from services.api.routes.recommend import answer
+from services.api.routes.recommend import RECOMMEND_PATH, answer
 from services.api.schemas import RecommendRequest
 from services.errors import http_status
-
-PATH = "/v1/recommend"
 
 
 def _json_body(scope: Scope) -> bool:
@@ -46,7 +44,7 @@ class RecommendFastPath:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (
             scope["type"] != "http"
-            or scope["path"] != PATH
+            or scope["path"] != RECOMMEND_PATH
             or scope["method"] != "POST"
             or not _json_body(scope)
         ):

@@ -135,3 +135,33 @@ def test_faiss_on_the_gpu_finds_what_exact_search_finds() -> None:
     _, found = gpu.search(queries, 100)
     recall = np.mean([len(set(a) & set(b)) / 100 for a, b in zip(truth, found, strict=True)])
     assert recall >= 0.99
+
+
+def test_cascade_train_trains_its_models_on_the_gpu(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """`cascade train` puts the two-tower, BPR-MF and DLRM on the GPU (the training loop then
+    runs bf16 autocast), hands back CPU models that evaluate and export, and the two-tower
+    still beats popularity."""
+    import json
+    from pathlib import Path
+
+    from pipelines.training import baselines, ranking, retrieval
+    from pipelines.training.loop import model_device, train_epochs
+    from services.cli import main
+
+    trained_on: dict[str, str] = {}
+
+    def recording(model, *args, **kwargs):  # type: ignore[no-untyped-def]
+        trained_on[args[4]] = model_device(model).type  # args: batches, loss, epochs, lr, name
+        return train_epochs(model, *args, **kwargs)
+
+    for module in (retrieval, baselines, ranking):
+        monkeypatch.setattr(module, "train_epochs", recording)
+    small = ["--dataset", "synthetic", "--users", "300", "--items", "400"]
+    small += ["--interactions", "15000", "--two-tower-epochs", "3", "--bpr-epochs", "2"]
+    small += ["--dlrm-epochs", "2", "--gbm-rounds", "20"]
+    work, out = tmp_path / "work", tmp_path / "out"
+    assert main(["train", "--workdir", str(work), "--output", str(out), *small]) == 0
+    assert trained_on == {"two-tower": "cuda", "bpr-mf": "cuda", "dlrm": "cuda"}
+    report = json.loads(Path(work / "report" / "report.json").read_text())
+    assert all(check["passed"] for check in report["quality_checks"]), report["quality_checks"]
+    assert (out / "releases" / "1" / "manifest.json").is_file()

@@ -21,9 +21,10 @@ from services.gateway import Gateway
 from services.impressions import impression_record
 
 router = APIRouter()
+RECOMMEND_PATH = "/v1/recommend"  # also matched by the short path (services/api/fast_recommend.py)
 
 
-@router.post("/v1/recommend", response_model=RecommendResponse, responses=ERROR_RESPONSES)
+@router.post(RECOMMEND_PATH, response_model=RecommendResponse, responses=ERROR_RESPONSES)
 async def recommend(body: RecommendRequest, gateway: GatewayDep) -> Response:
     return Response(await answer(body, gateway), media_type="application/json")
 

@@ -66,3 +66,27 @@ def test_ratings_stay_mostly_positive_whatever_the_strength() -> None:
 def test_bad_preference_options_are_rejected(options: dict[str, float]) -> None:
     with pytest.raises(ConfigError, match="preference_"):
         make_synthetic(10, 10, 10, **options)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "weights",
+    [
+        np.array([1.0]),
+        np.array([0.5, 0.0, 0.0, 0.5]),  # zero-weight items are never drawn
+        np.array([0.0, 1.0, 0.0]),
+        1.0 / np.arange(1, 5_001) ** 1.1,  # a power law: many light items per guide bucket
+        np.random.default_rng(3).random(777),
+    ],
+)
+def test_inverse_cdf_draws_exactly_what_searchsorted_draws(weights: np.ndarray) -> None:
+    from pipelines.data.synthetic import InverseCdf
+
+    sampler = InverseCdf(weights)
+    u = np.random.default_rng(0).random((4_000, 3))
+    u[0, :] = [0.0, np.nextafter(1.0, 0.0), sampler.cdf[0]]  # both ends and an exact edge
+    cdf = np.cumsum(weights) / np.cumsum(weights)[-1]
+    expected = np.minimum(np.searchsorted(cdf, u, side="right"), len(weights) - 1)
+    drawn = sampler.positions(u)
+    assert drawn.shape == u.shape
+    np.testing.assert_array_equal(drawn, expected)
+    assert weights[drawn.ravel()].min() > 0

@@ -172,3 +172,41 @@ def test_the_split_follows_the_protocol(small_dataset: RawDataset) -> None:
     assert (tested[counts >= 3] >= 1).all()  # every user is evaluated
     global_split = split_for(small_dataset, TrainConfig())
     assert len(global_split.test) == round(0.1 * len(users))
+
+
+def test_reported_validation_metrics_are_those_of_the_kept_weights(
+    run: tuple[Path, Path, str],
+) -> None:
+    """The report reuses the kept epoch's validation instead of ranking the users again:
+    a fresh evaluation of the saved two-tower must give the same numbers."""
+    import torch
+
+    from pipelines.config import TrainConfig
+    from pipelines.prepare import RetrievalData
+    from pipelines.training.retrieval import build_two_tower, evaluate_two_tower
+
+    work, _, _ = run
+    result = json.loads((work / "retrieval_result.json").read_text())
+    data = RetrievalData.load(work / "retrieval.npz")
+    config = TrainConfig()
+    model = build_two_tower(Workflow.load(work / "workflow"), data.item_dense.shape[1], config)
+    model.load_state_dict(torch.load(work / "models" / "two_tower.pt"))
+    fresh = evaluate_two_tower(model, data, "valid", config.valid_users)
+    assert set(fresh) == {"recall@10", "ndcg@10", "recall@20", "ndcg@20"}
+    assert result["valid_metrics"]["two_tower"] == pytest.approx(fresh, abs=1e-9)
+    assert set(result["valid_metrics"]["bpr_mf"]) == set(fresh)
+    curve = result["curves"]["two_tower"]
+    assert sum(1 for record in curve if record.get("best")) == 1
+
+
+def test_a_partial_run_saves_its_results_and_says_what_the_report_waits_for(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    work = tmp_path / "work"
+    steps = ["train", "prepare", "retrieval", "--workdir", str(work), "--output", str(tmp_path)]
+    assert main([*steps, *FAST]) == 0
+    printed = capsys.readouterr()
+    assert "report: not written until `cascade train ranking` has run" in printed.out
+    assert "error" not in printed.err
+    assert (work / "retrieval_result.json").is_file()
+    assert not (work / "report").exists()
