@@ -76,6 +76,18 @@ class TrainConfig(BaseModel):
         description="Train the EASE baseline (closed form, items x items) only up to this "
         "catalog size; larger catalogs skip it (recorded in the report).",
     )
+    neighbor_width: int = Field(
+        50,
+        ge=1,
+        description="Item-neighbour source (a baseline, exported as serving's second "
+        "retrieval source): neighbours kept per item.",
+    )
+    neighbor_items_per_user: int = Field(
+        50,
+        ge=2,
+        description="Item-neighbour source: items of each user counted for co-occurrence (a "
+        "seeded sample of larger histories; fewer when the pairs would pass 40M).",
+    )
     patience: int = Field(
         5,
         ge=1,

@@ -141,7 +141,12 @@ class Gateway:
                     self.store, self.redis_breaker, redis_s, self.store_monitor.notice_empty
                 ),
                 RetrievalStage(
-                    self.releases, self.backend, self.triton_breaker, triton_s, settings.candidates
+                    self.releases,
+                    self.backend,
+                    self.triton_breaker,
+                    triton_s,
+                    settings.candidates,
+                    settings.neighbor_candidates,
                 ),
                 FilteringStage(self.releases, self.rules),
                 ScoringStage(

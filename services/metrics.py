@@ -84,6 +84,12 @@ REQUEST_LATENCY = Histogram(
 FALLBACKS = Counter(
     "cascade_fallback_total", "Fallbacks taken, by stage and reason.", ["stage", "reason"]
 )
+RETRIEVED = Counter(
+    "cascade_retrieval_candidates_total",
+    "Candidates retrieved, by source (ann, item_neighbors, popularity); an item two sources "
+    "found counts once, for the first.",
+    ["source"],
+)
 DEGRADED = Counter("cascade_degraded_responses_total", "Responses served with degraded: true.")
 RECOMMENDATIONS = Counter(
     "cascade_recommendations_total",

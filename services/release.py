@@ -23,6 +23,8 @@ from pipelines.export.repository import MANIFEST, complete_versions, latest_vers
 from pipelines.export.verify import verify_version
 from pipelines.features.rows import ITEM_ATTRIBUTES, AttributeTable
 from pipelines.features.workflow import Workflow
+from pipelines.training.item_neighbors import DIRECTORY as NEIGHBORS
+from pipelines.training.item_neighbors import ItemNeighbors
 from services.request_features import RequestFeatures
 
 log = logging.getLogger(__name__)
@@ -40,6 +42,10 @@ class Release:
     primary_genre: np.ndarray  # [n_items] first genre name ('' if none)
     genres: np.ndarray  # [n_items] '|'-joined genre names
     features: RequestFeatures  # a request's model inputs
+    # the second retrieval source and the item embeddings that score its candidates (memory
+    # mapped: only the rows read are paged in); None for a release exported without them
+    neighbors: ItemNeighbors | None = None
+    embeddings: np.ndarray | None = None
 
     def positions(self, ids: np.ndarray) -> np.ndarray:
         """Catalog positions of raw item ids; -1 for ids not in the catalog."""
@@ -101,7 +107,25 @@ def load_release(root: Path, version: int | None = None) -> Release:
         features=RequestFeatures(workflow, item_columns, int(manifest["config"]["history_length"])),
     )
     release.popularity = release.positions(np.asarray(popular, dtype=np.int64))
+    if (directory / NEIGHBORS).is_dir():
+        release.neighbors, release.embeddings = _neighbor_source(directory, index)
     return release
+
+
+def _neighbor_source(directory: Path, index: faiss.Index) -> tuple[ItemNeighbors, np.ndarray]:
+    try:
+        neighbors = ItemNeighbors.load(directory / NEIGHBORS, mmap=True)
+        embeddings = np.load(directory / "item_embeddings.npy", mmap_mode="r")
+    except (OSError, ValueError) as error:
+        raise ArtifactError(
+            f"{directory}: cannot read the item-neighbour source ({error})"
+        ) from None
+    if neighbors.n_items != index.ntotal or embeddings.shape != (index.ntotal, index.d):
+        raise ArtifactError(
+            f"{directory}: the neighbour table has {neighbors.n_items} rows and the embeddings "
+            f"{embeddings.shape}; the index has {index.ntotal} of dimension {index.d}"
+        )
+    return neighbors, embeddings
 
 
 @dataclass

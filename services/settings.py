@@ -13,6 +13,8 @@ from typing import Literal
 from pydantic import BaseModel, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from pipelines.training.item_neighbors import DEFAULT_SHARE
+
 
 class BreakerSettings(BaseModel):
     """Circuit breaker: open after ``failures`` consecutive failures, retry after ``reset_s``."""
@@ -284,6 +286,15 @@ class Settings(BaseSettings):
     k_default: int = Field(20, ge=1, le=500)
     k_max: int = Field(500, ge=1, le=500, description="Largest k a request may ask for.")
     candidates: int = Field(300, ge=1, le=5000, description="Retrieval candidate count.")
+    neighbor_candidates: int = Field(
+        DEFAULT_SHARE,
+        ge=0,
+        le=5000,
+        description="Of the candidates, how many the item-neighbour source may give (the "
+        "neighbours of the user's recent items that the ANN did not find; also the whole "
+        "candidate set when the query tower cannot answer). 0 = ANN only. A release exported "
+        "without the neighbour table is served by the ANN alone.",
+    )
     rules_file: Path | None = Field(None, description="YAML ordering rules; unset = no rules.")
     max_body_bytes: int = Field(
         262_144,

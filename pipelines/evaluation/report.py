@@ -93,6 +93,7 @@ def write_report(
             "valid_metrics": retrieval.get("valid_metrics", {}),
             **{f"two_tower_over_{b}": lift_over(metrics, "two_tower", b) for b in baselines},
             "baselines": retrieval.get("baselines", {}),
+            "candidate_sources": retrieval.get("candidate_sources", {}),
         },
         "ranking": {"metrics": ranking["metrics"], "blend_weight": ranking["blend_weight"]},
         "quality_checks": [

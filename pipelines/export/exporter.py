@@ -22,6 +22,7 @@ from pipelines.features.workflow import Workflow
 from pipelines.models.gbm import TREE_CATEGORICAL, TreeRanker, tree_features
 from pipelines.models.two_tower import QueryTower
 from pipelines.prepare import RetrievalData
+from pipelines.training.item_neighbors import DIRECTORY as NEIGHBORS
 from pipelines.training.ranking import build_dlrm, ranking_inputs
 from pipelines.training.retrieval import build_two_tower
 
@@ -166,6 +167,8 @@ def run_export(workdir: Path, root: Path, config: TrainConfig, info: dict[str, A
         index = build_index(embeddings, seed=config.seed)
         save_index(index, release / "item_index.faiss")
         np.save(release / "item_embeddings.npy", embeddings)
+        if (workdir / "models" / NEIGHBORS).is_dir():  # a work directory of an older version
+            shutil.copytree(workdir / "models" / NEIGHBORS, release / NEIGHBORS)
         np.save(release / "item_ids.npy", data.item_ids)
         counts = np.load(workdir / "models" / "popularity.npy")
         order = np.argsort(-counts, kind="stable")

@@ -1,10 +1,12 @@
-"""Retrieval step: train the two-tower model and the baselines (popularity, BPR-MF, EASE),
-select each on validation, evaluate all with full ranking on test, check that the two-tower
-beats popularity on validation, and save the models and item embeddings."""
+"""Retrieval step: train the two-tower model and the baselines (popularity, BPR-MF, EASE,
+item neighbours), select each on validation, evaluate all with full ranking on test, check
+that the two-tower beats popularity on validation, measure the candidate recall of serving's
+two sources, and save the models, item embeddings and the neighbour table."""
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,8 +15,9 @@ import numpy as np
 import torch
 
 from pipelines.config import TrainConfig
+from pipelines.evaluation.metrics import group_positives, retrieval_metrics
 from pipelines.evaluation.popularity_check import describe, popularity_check
-from pipelines.evaluation.protocol import evaluate_split
+from pipelines.evaluation.protocol import evaluate_split, seen_pairs
 from pipelines.features.ops.categorify import OOV_ID
 from pipelines.features.spec import ITEM_TOWER_COLUMNS, USER_TOWER_COLUMNS, cardinality
 from pipelines.features.workflow import Workflow
@@ -27,6 +30,14 @@ from pipelines.training.baselines import (
     popularity_scores,
     train_bpr,
     train_ease,
+)
+from pipelines.training.item_neighbors import DIRECTORY as NEIGHBORS
+from pipelines.training.item_neighbors import (
+    REPORTED_BUDGET,
+    REPORTED_SHARE,
+    ItemNeighbors,
+    build_item_neighbors,
+    merge_candidates,
 )
 from pipelines.training.loop import (
     EarlyStopping,
@@ -233,6 +244,54 @@ def kept_validation(curve: list[dict[str, float]]) -> dict[str, float]:
     return {k.removeprefix("valid_"): v for k, v in kept.items() if k.startswith("valid_")}
 
 
+def history_positions(data: RetrievalData) -> list[np.ndarray]:
+    """Each user's recent history (what serving's neighbour source reads) as item positions."""
+    lookup = np.full(int(data.item_features[:, 0].max()) + 1, -1, np.int64)
+    lookup[data.item_features[:, 0]] = np.arange(len(data.item_ids))
+    lookup[OOV_ID] = -1  # an item the workflow does not know is no item in particular
+    positions = [lookup[row[row > 0]] for row in data.history]
+    return [p[p >= 0] for p in positions]
+
+
+def candidate_sources(
+    two_tower: Callable[[np.ndarray], np.ndarray],
+    neighbors: ItemNeighbors,
+    histories: list[np.ndarray],
+    data: RetrievalData,
+    max_users: int | None,
+    budget: int = REPORTED_BUDGET,
+    share: int = REPORTED_SHARE,
+) -> dict[str, float]:
+    """Test recall of the candidate set serving would retrieve, ``budget`` items: the ANN
+    alone against the ANN with ``share`` of them from the neighbour source (what the ANN did
+    not find; ``merge_candidates``), as serving merges them."""
+    seen = group_positives(seen_pairs(data, "test"), len(data.user_ids))
+
+    def union(users: np.ndarray) -> np.ndarray:
+        scores = np.array(two_tower(users), dtype=np.float32, copy=True)
+        for row, user in enumerate(users):
+            ranked = scores[row].copy()
+            ranked[seen[user]] = -np.inf
+            ann = np.argsort(-ranked)[:budget]
+            extra, _ = neighbors.candidates(histories[user], share, seen[user])
+            merged, _ = merge_candidates(ann, extra, budget)
+            scores[row, merged] = np.inf  # the whole set ranks first: recall@budget is its
+        return scores
+
+    measured = {}
+    for name, scorer in (("ann", two_tower), (f"ann+item_neighbors_{share}", union)):
+        metrics = retrieval_metrics(
+            scorer,
+            data.positives["test"],
+            seen_pairs(data, "test"),
+            len(data.user_ids),
+            ks=(budget,),
+            max_users=max_users,
+        )
+        measured[name] = metrics[f"recall@{budget}"]
+    return {"budget": budget, **{f"recall@{budget} {k}": v for k, v in measured.items()}}
+
+
 def run_retrieval(
     workdir: Path, config: TrainConfig, report: Callable[[str], None] | None = None
 ) -> dict[str, Any]:
@@ -249,16 +308,31 @@ def run_retrieval(
     two_tower_curve = train_two_tower(model, data, config, report)
     bpr, bpr_curve = train_bpr(data, config, report)
     ease, ease_info = train_ease(data, config, report)
+    started = time.perf_counter()
+    neighbors = build_item_neighbors(
+        data.positives["train"],
+        len(data.item_ids),
+        config.neighbor_width,
+        config.neighbor_items_per_user,
+        config.seed,
+    )
+    took = time.perf_counter() - started
+    emit(f"item neighbours: {config.neighbor_width} per item, built in {took:.1f} s")
+    histories = history_positions(data)
     scorers = {
         "two_tower": two_tower_scores(model, data),
         "bpr_mf": bpr_scores(bpr),
         "popularity": popularity_scores(data),
+        "item_neighbors": lambda users: neighbors.scores([histories[u] for u in users]),
     }
     if ease is not None:
         scorers["ease"] = ease.scores
     # the trained models' validation metrics are those of their kept epochs (no second full
     # ranking of the validation users: at 1M items each costs about 20 s)
-    valid = {"two_tower": kept_validation(two_tower_curve), "bpr_mf": kept_validation(bpr_curve)}
+    valid: dict[str, dict[str, float]] = {
+        "two_tower": kept_validation(two_tower_curve),
+        "bpr_mf": kept_validation(bpr_curve),
+    }
     for name, scores in scorers.items():
         if name not in valid:
             valid[name] = evaluate_split(scores, data, "valid", config.valid_users)
@@ -278,6 +352,9 @@ def run_retrieval(
         "valid_metrics": valid,
         "popularity_check": check,
         "baselines": {"ease": ease_info},
+        "candidate_sources": candidate_sources(
+            scorers["two_tower"], neighbors, histories, data, config.eval_users
+        ),
         "curves": {"two_tower": two_tower_curve, "bpr_mf": bpr_curve},
     }
     models = workdir / "models"
@@ -285,5 +362,6 @@ def run_retrieval(
     torch.save(model.state_dict(), models / "two_tower.pt")
     np.save(models / "item_embeddings.npy", item_embeddings(model, data))
     np.save(models / "popularity.npy", popularity(data))
+    neighbors.save(models / NEIGHBORS)
     (workdir / "retrieval_result.json").write_text(json.dumps(result, indent=2))
     return result

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from pathlib import Path
 
@@ -8,6 +9,7 @@ import pandas as pd
 import pytest
 
 from services.context import RequestContext
+from services.metrics import RETRIEVED
 from services.release import Release, load_release
 from services.resilience import CircuitBreaker
 from services.rules import Boost, Diversity, Exclusion, Pin, Rules
@@ -80,15 +82,58 @@ async def test_retrieval_gives_popularity_to_unknown_users(
 @pytest.mark.parametrize(
     ("mode", "reason"), [("raise", "error"), ("nan", "bad_scores"), ("wrong_shape", "bad_scores")]
 )
-async def test_retrieval_falls_back_to_popularity(
+async def test_retrieval_without_the_query_tower_gives_the_history_neighbours_then_popularity(
     exported: Path, release: Release, mode: str, reason: str
 ) -> None:
     stage = RetrievalStage(
-        {release.version: release}, await _backend(exported, release, mode), _breaker(), 1.0, 50
+        {release.version: release}, await _backend(exported, release, mode), _breaker(), 1.0, 300
     )
-    ctx = await stage(_ctx(release, user=_user(release)))
-    assert np.array_equal(ctx.candidates, release.popularity[:50])
+    user = _user(release)
+    ctx = await stage(_ctx(release, user=user))
     assert ctx.reasons == [f"retrieval:{reason}"]
+    assert release.neighbors is not None
+    seen = release.positions(user.seen)
+    expected, _ = release.neighbors.candidates(release.positions(user.recent), 300, seen)
+    assert 0 < len(expected) <= 250 < 300  # 5 recent items x 50 neighbours at most
+    assert np.array_equal(ctx.candidates[: len(expected)], expected)
+    rest = ctx.candidates[len(expected) :]
+    assert np.array_equal(
+        rest, release.popularity[~np.isin(release.popularity, expected)][: len(rest)]
+    )
+    assert len(ctx.candidates) == 300 and len(np.unique(ctx.candidates)) == 300
+    assert np.all(np.diff(ctx.retrieval_scores) <= 0)  # neighbours above popularity
+    # a user with no recent items (or a release without the table) gets popularity alone
+    ctx = await stage(_ctx(release, user=UserRecord(7, {}, recent=[], seen=[])))
+    assert np.array_equal(ctx.candidates, release.popularity[:300])
+    bare = dataclasses.replace(release, neighbors=None, embeddings=None)
+    stage.releases = {release.version: bare}
+    ctx = await stage(_ctx(bare, user=user))
+    assert np.array_equal(ctx.candidates, release.popularity[:300])
+
+
+async def test_retrieval_adds_the_neighbours_the_ann_did_not_find_within_the_budget(
+    exported: Path, release: Release
+) -> None:
+    backend = await _backend(exported, release)
+    alone = RetrievalStage({release.version: release}, backend, _breaker(), 1.0, 50)
+    both = RetrievalStage({release.version: release}, backend, _breaker(), 1.0, 50, 20)
+    user = _user(release)
+    ann = (await alone(_ctx(release, user=user))).candidates
+    before = {s: RETRIEVED.labels(source=s)._value.get() for s in ("ann", "item_neighbors")}
+    ctx = await both(_ctx(release, user=user))
+    assert release.neighbors is not None and release.embeddings is not None
+    seen = release.positions(user.seen)
+    extra, _ = release.neighbors.candidates(release.positions(user.recent), 20, seen)
+    added = extra[~np.isin(extra, ann)]
+    assert len(added) > 0 and len(ctx.candidates) == 50 and len(np.unique(ctx.candidates)) == 50
+    assert set(ctx.candidates) == set(ann[: 50 - len(added)]) | set(added)
+    assert np.all(np.diff(ctx.retrieval_scores) <= 0)  # merged, best first
+    query = await backend.encode_query(release.version, *release.features.query_inputs(ctx))
+    expected = release.embeddings[ctx.candidates] @ np.asarray(query, np.float32)[0]
+    assert np.allclose(ctx.retrieval_scores, expected, atol=1e-4)  # one meaning for all
+    counted = {s: RETRIEVED.labels(source=s)._value.get() - before[s] for s in before}
+    assert counted == {"ann": 50 - len(added), "item_neighbors": len(added)}
+    assert not ctx.degraded
 
 
 async def test_filtering_removes_seen_unavailable_excluded_and_duplicates(release: Release) -> None:
@@ -244,3 +289,21 @@ async def test_scoring_flags_default_embedding_rows(exported: Path, release: Rel
     ctx = await stage(ctx)
     assert ctx.reasons == ["scoring:embeddings_unavailable"]
     assert not np.array_equal(ctx.scores, ctx.retrieval_scores)  # model scores still used
+
+
+def test_a_neighbour_table_that_does_not_fit_the_index_is_refused(
+    release: Release, tmp_path: Path
+) -> None:
+    from pipelines.errors import ArtifactError
+    from pipelines.training.item_neighbors import DIRECTORY, ItemNeighbors
+    from services.release import _neighbor_source
+
+    assert release.embeddings is not None
+    np.save(tmp_path / "item_embeddings.npy", np.asarray(release.embeddings))
+    short = ItemNeighbors(np.zeros((3, 2), np.int32), np.zeros((3, 2), np.float32))
+    short.save(tmp_path / DIRECTORY)
+    with pytest.raises(ArtifactError, match="neighbour table has 3 rows"):
+        _neighbor_source(tmp_path, release.index)
+    (tmp_path / DIRECTORY / "similarity.npy").write_bytes(b"not an array")
+    with pytest.raises(ArtifactError, match="cannot read the item-neighbour source"):
+        _neighbor_source(tmp_path, release.index)

@@ -53,7 +53,17 @@ def test_last_line_is_the_report_path(run: tuple[Path, Path, str]) -> None:
     last = printed.strip().splitlines()[-1]
     assert Path(last) == (work / "report" / "report.json").resolve()
     report = json.loads(Path(last).read_text())
-    assert set(report["retrieval"]["metrics"]) == {"two_tower", "bpr_mf", "popularity", "ease"}
+    assert set(report["retrieval"]["metrics"]) == {
+        "two_tower",
+        "bpr_mf",
+        "popularity",
+        "ease",
+        "item_neighbors",
+    }
+    sources = report["retrieval"]["candidate_sources"]
+    assert sources["budget"] == 300
+    assert set(sources) == {"budget", "recall@300 ann", "recall@300 ann+item_neighbors_25"}
+    assert all(0 < v <= 1 for k, v in sources.items() if k != "budget")
     assert [c["model"] for c in report["quality_checks"]] == ["two_tower", "ranker"]
     assert all(c["passed"] and not c["overridden"] for c in report["quality_checks"])
     assert set(report["ranking"]["metrics"]) == {"dlrm", "gbm", "blend"}
@@ -71,6 +81,10 @@ def test_export_is_complete_and_consistent(run: tuple[Path, Path, str]) -> None:
     assert manifest["split_protocol"] == "global"
     for name, digest in manifest["files"].items():
         assert sha256(out / name) == digest
+    assert {
+        "releases/1/item_neighbors/neighbors.npy",
+        "releases/1/item_neighbors/similarity.npy",
+    } <= set(manifest["files"])
     tables = json.loads((out / "model_repository/ranker/1/embeddings/tables.json").read_text())
     for column, rows in tables["rows"].items():
         table = np.load(out / f"model_repository/ranker/1/embeddings/{column}.npy", mmap_mode="r")

@@ -1,0 +1,73 @@
+"""The item-neighbour source: co-occurrence cosine, bounded building, a user's candidates."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipelines.training.item_neighbors import (
+    ItemNeighbors,
+    build_item_neighbors,
+    capped_positives,
+)
+
+
+def pairs(rows: dict[int, list[int]]) -> np.ndarray:
+    return np.asarray([(u, i) for u, items in rows.items() for i in items], dtype=np.int64)
+
+
+def test_items_liked_together_are_neighbours_and_popularity_does_not_dominate() -> None:
+    # 0 and 1 always together; 2 is liked by everyone (popular) but tells nothing
+    liked = {u: [0, 1, 2] for u in range(5)} | {u: [2, 3] for u in range(5, 40)}
+    table = build_item_neighbors(pairs(liked), n_items=5, width=3)
+    assert table.neighbors[0, 0] == 1 and table.neighbors[1, 0] == 0
+    assert table.similarity[0, 0] == pytest.approx(1.0)  # 5 / sqrt(5 * 5)
+    assert table.similarity[0, 1] == pytest.approx(5 / np.sqrt(5 * 40))  # item 2: weaker
+    assert table.neighbors[4].tolist() == [-1, -1, -1]  # never liked: no neighbours
+    assert (np.diff(table.similarity, axis=1) <= 0).all()  # best first
+    assert not (table.neighbors == np.arange(5)[:, None]).any()  # never itself
+
+
+def test_a_user_gets_the_neighbours_of_their_history_summed_and_never_the_history() -> None:
+    table = ItemNeighbors(
+        neighbors=np.asarray([[2, 3], [3, 4], [0, -1], [0, 1], [1, -1]], np.int32),
+        similarity=np.asarray([[0.9, 0.2], [0.5, 0.4], [0.9, 0], [0.2, 0.5], [0.4, 0]], np.float32),
+    )
+    items, scores = table.candidates(np.asarray([0, 1]), count=10)
+    assert items.tolist() == [2, 3, 4]  # 3: 0.2 + 0.5
+    assert scores == pytest.approx([0.9, 0.7, 0.4])
+    items, _ = table.candidates(np.asarray([0, 1, 99, -1]), count=2)  # unknown ones ignored
+    assert items.tolist() == [2, 3]
+    assert len(table.candidates(np.zeros(0, np.int64), 5)[0]) == 0
+    assert len(table.candidates(np.asarray([0]), 0)[0]) == 0
+    full = table.scores([np.asarray([0, 1])])
+    assert full[0].tolist() == pytest.approx([0, 0, 0.9, 0.7, 0.4])
+
+
+def test_building_is_bounded_per_user() -> None:
+    rng = np.random.default_rng(0)
+    heavy = {0: list(range(500))} | {
+        u: rng.choice(500, 5, replace=False).tolist() for u in range(1, 50)
+    }
+    users, items = capped_positives(pairs(heavy), items_per_user=20)
+    assert np.bincount(users).max() == 20 and len(set(zip(users, items, strict=True))) == len(users)
+    # the pair budget lowers the cap further: 50 users x 4 ** 2 <= 800
+    table = build_item_neighbors(pairs(heavy), 500, width=10, items_per_user=50, max_pairs=800)
+    assert table.neighbors.shape == (500, 10)
+    with pytest.raises(ValueError, match="width must be"):
+        build_item_neighbors(pairs(heavy), 500, width=0)
+
+
+def test_the_table_survives_a_round_trip_and_a_bad_file_is_refused(tmp_path: Path) -> None:
+    table = build_item_neighbors(pairs({0: [0, 1], 1: [1, 2]}), 3, width=2)
+    table.save(tmp_path / "t")
+    for mmap in (False, True):
+        loaded = ItemNeighbors.load(tmp_path / "t", mmap=mmap)
+        assert np.array_equal(loaded.neighbors, table.neighbors)
+        assert np.array_equal(loaded.similarity, table.similarity)
+        assert loaded.candidates(np.asarray([0]), 5)[0].tolist() == [1]
+    np.save(tmp_path / "t" / "similarity.npy", np.zeros((3, 1), np.float32))
+    with pytest.raises(ValueError, match="int32 and float32"):
+        ItemNeighbors.load(tmp_path / "t")
