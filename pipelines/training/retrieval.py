@@ -272,7 +272,9 @@ def candidate_sources(
         for row, user in enumerate(users):
             ranked = scores[row].copy()
             ranked[seen[user]] = -np.inf
-            ann = np.argsort(-ranked)[:budget]
+            top = np.argpartition(-ranked, budget)[:budget] if len(ranked) > budget else None
+            top = np.arange(len(ranked)) if top is None else top
+            ann = top[np.argsort(-ranked[top], kind="stable")]  # best first, as the index's
             extra, _ = neighbors.candidates(histories[user], share, seen[user])
             merged, _ = merge_candidates(ann, extra, budget)
             scores[row, merged] = np.inf  # the whole set ranks first: recall@budget is its
@@ -352,8 +354,9 @@ def run_retrieval(
         "valid_metrics": valid,
         "popularity_check": check,
         "baselines": {"ease": ease_info},
+        # on the validation-sized sample of test users: two more full rankings of the catalog
         "candidate_sources": candidate_sources(
-            scorers["two_tower"], neighbors, histories, data, config.eval_users
+            scorers["two_tower"], neighbors, histories, data, config.valid_users
         ),
         "curves": {"two_tower": two_tower_curve, "bpr_mf": bpr_curve},
     }

@@ -116,21 +116,32 @@ async def test_redis_stopped_mid_flight_then_breaker_opens(
         _check_answer(healthy, 10, seen)
 
 
-async def test_inference_server_down_orders_by_retrieval_then_popularity(exported: Path) -> None:
+async def test_inference_server_down_orders_by_history_neighbours_then_popularity(
+    exported: Path,
+) -> None:
     settings = _settings(
         exported, triton=TritonSettings(url=f"127.0.0.1:{free_port()}", timeout_ms=200)
     )
     gateway = Gateway(settings, backend=TritonBackend(settings.triton.url or ""))
     async for http in _client(gateway):
-        seen = set((await gateway.store.lookup(3)).user.seen.tolist())  # type: ignore[union-attr]
+        user = (await gateway.store.lookup(3)).user
+        assert user is not None and len(user.recent)
+        seen = set(user.seen.tolist())
         body = (await http.post("/v1/recommend", json={"user_id": 3, "k": 10})).json()
         assert body["degraded"] and body["reasons"] == ["retrieval:error", "scoring:error"]
         _check_answer(body, 10, seen)
         release = gateway.releases[1]
+        assert release.neighbors is not None
+        recent = release.positions(np.asarray(user.recent[-release.features.history_length :]))
+        seen_positions = release.positions(np.asarray(sorted(seen)))
+        neighbors, _ = release.neighbors.candidates(recent, 300, seen_positions)
         popular_unseen = [
-            int(i) for i in release.item_ids[release.popularity] if int(i) not in seen
+            int(i)
+            for i in release.item_ids[release.popularity]
+            if int(i) not in seen and int(i) not in set(release.item_ids[neighbors].tolist())
         ]
-        assert [i["item_id"] for i in body["items"]] == popular_unseen[:10]
+        expected = [*release.item_ids[neighbors].tolist(), *popular_unseen][:10]
+        assert [i["item_id"] for i in body["items"]] == expected
 
 
 async def test_slow_scorer_times_out_and_keeps_retrieval_order(exported: Path) -> None:
