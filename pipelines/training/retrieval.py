@@ -265,16 +265,19 @@ def candidate_sources(
     """Test recall of the candidate set serving would retrieve, ``budget`` items: the ANN
     alone against the ANN with ``share`` of them from the neighbour source (what the ANN did
     not find; ``merge_candidates``), as serving merges them."""
-    seen = group_positives(seen_pairs(data, "test"), len(data.user_ids))
+    excluded = seen_pairs(data, "test")
+    seen = group_positives(excluded, len(data.user_ids))
 
     def union(users: np.ndarray) -> np.ndarray:
         scores = np.array(two_tower(users), dtype=np.float32, copy=True)
         for row, user in enumerate(users):
             ranked = scores[row].copy()
             ranked[seen[user]] = -np.inf
-            top = np.argpartition(-ranked, budget)[:budget] if len(ranked) > budget else None
-            top = np.arange(len(ranked)) if top is None else top
-            ann = top[np.argsort(-ranked[top], kind="stable")]  # best first, as the index's
+            if len(ranked) > budget:  # the index's top ``budget``, best first
+                top = np.argpartition(-ranked, budget)[:budget]
+            else:
+                top = np.arange(len(ranked))
+            ann = top[np.argsort(-ranked[top], kind="stable")]
             extra, _ = neighbors.candidates(histories[user], share, seen[user])
             merged, _ = merge_candidates(ann, extra, budget)
             scores[row, merged] = np.inf  # the whole set ranks first: recall@budget is its
@@ -285,7 +288,7 @@ def candidate_sources(
         metrics = retrieval_metrics(
             scorer,
             data.positives["test"],
-            seen_pairs(data, "test"),
+            excluded,
             len(data.user_ids),
             ks=(budget,),
             max_users=max_users,
