@@ -13,9 +13,11 @@ comes from a preference model no trained model sees directly:
 - the synthetic generator: its hidden latent affinity (``RawDataset.truth``).
 
 Clicks are posted to ``/v1/feedback`` with the answer's ``request_id`` (so the gateway
-attributes them) and an ``event_id`` (so retries are harmless): a feedback post that gets a
-503 (the gateway could not store it durably in time) or no answer is retried, a few times with
-a short backoff, as a production client would. Requests go out at a fixed
+attributes them) and an ``event_id`` (so retries are harmless). A post of either route that
+gets a 503 (feedback: the gateway could not store it durably in time) or no answer (a
+connection dropped) is retried, a few times with a short backoff, as a production client
+would; idle connections are closed by the client well before the gateway's keep-alive ends,
+so the client never sends on a connection the server is closing. Requests go out at a fixed
 rate for a fixed time, at most ``max_requests``, bounded concurrency; it stops by itself and
 reports impressions, clicks, CTR and hit rate per model version.
 """
@@ -41,8 +43,9 @@ from pipelines.errors import CascadeError
 UNRATED_INTEREST = 0.1
 POPULATIONS = ("all", "young", "old", "heavy", "new")
 NEW_USERS = 1000  # size of the "new" population: ids no release knows (cold starts)
-FEEDBACK_ATTEMPTS = 4  # a feedback post is sent at most this many times
-FEEDBACK_BACKOFF_S = 0.1  # before the first retry; doubled before each further one
+ATTEMPTS = 4  # a post is sent at most this many times
+BACKOFF_S = 0.1  # before the first retry; doubled before each further one
+KEEPALIVE_S = 1.0  # an idle connection is closed after this (the gateway's keep-alive: 5 s)
 
 
 class Preferences:
@@ -136,7 +139,7 @@ class Report:
     degraded: int = 0
     seconds: float = 0.0
     shifted: int = 0  # requests sent for the shifted population
-    feedback_retries: int = 0  # feedback posts sent again after a 503 or no answer
+    retries: dict[str, int] = field(default_factory=lambda: defaultdict(int))  # by route
 
     def as_dict(self) -> dict:
         return {
@@ -144,7 +147,7 @@ class Report:
             "errors": self.errors,
             "error_kinds": dict(sorted(self.error_kinds.items())),
             "shifted": self.shifted,
-            "feedback_retries": self.feedback_retries,
+            "retries": dict(sorted(self.retries.items())),
             "degraded": self.degraded,
             "seconds": round(self.seconds, 2),
         }
@@ -163,7 +166,7 @@ class Report:
         kinds = ", ".join(f"{kind} {n}" for kind, n in sorted(self.error_kinds.items()))
         lines.append(
             f"errors {self.errors}{f' ({kinds})' if kinds else ''}, "
-            f"feedback retries {self.feedback_retries}, "
+            f"retries {sum(self.retries.values())}, "
             f"degraded answers {self.degraded}, {self.seconds:.1f} s"
         )
         return "\n".join(lines)
@@ -179,7 +182,7 @@ class SimulationPlan:
     concurrency: int = 16
     seed: int = 0
     timeout_s: float = 5.0
-    feedback_attempts: int = FEEDBACK_ATTEMPTS
+    attempts: int = ATTEMPTS  # of each post (retries after a 503 or no answer)
     shift_at_s: float | None = None  # from then on, users come from the shifted population
 
 
@@ -204,8 +207,8 @@ async def simulate(
         raise ValueError("a population shift needs both shift_at_s and the shifted users")
     if shifted is not None and len(shifted) == 0:
         raise ValueError("the shifted population has no users")
-    if plan.feedback_attempts < 1:
-        raise ValueError(f"feedback_attempts must be >= 1, got {plan.feedback_attempts}")
+    if plan.attempts < 1:
+        raise ValueError(f"attempts must be >= 1, got {plan.attempts}")
     shift_at = np.inf if plan.shift_at_s is None else plan.shift_at_s
     rng = np.random.default_rng(plan.seed)
     report = Report()
@@ -215,29 +218,27 @@ async def simulate(
     total = min(plan.max_requests, max(1, int(plan.rate * plan.duration_s)))
     bias = position_bias(plan.k)
 
-    async def post_feedback(http: Any, events: list[dict]) -> None:
-        """Post the clicks; retry a 503 or a transport error (the event ids make a retry
-        harmless); raise what the last attempt got."""
-        backoff_s = FEEDBACK_BACKOFF_S
-        for attempt in range(1, plan.feedback_attempts + 1):
+    async def post(http: Any, route: str, body: dict) -> Any:
+        """POST ``body`` to ``/v1/<route>``; retry a 503 or a transport error; return the
+        first other answer, or raise what the last attempt got."""
+        backoff_s = BACKOFF_S
+        for _ in range(plan.attempts - 1):
             try:
-                answer = await http.post("/v1/feedback", json={"events": events})
-                if answer.status_code != 503 or attempt == plan.feedback_attempts:
-                    answer.raise_for_status()
-                    return
+                answer = await http.post(f"/v1/{route}", json=body)
+                if answer.status_code != 503:
+                    return answer.raise_for_status()
             except httpx.TransportError:
-                if attempt == plan.feedback_attempts:
-                    raise
-            report.feedback_retries += 1
+                pass
+            report.retries[route] += 1
             await asyncio.sleep(backoff_s)
             backoff_s *= 2
+        return (await http.post(f"/v1/{route}", json=body)).raise_for_status()
 
     async def one(http: Any, user_id: int, draws: np.ndarray) -> None:
         async with gate:
             route = "recommend"
             try:
-                answer = await http.post("/v1/recommend", json={"user_id": user_id, "k": plan.k})
-                answer.raise_for_status()
+                answer = await post(http, route, {"user_id": user_id, "k": plan.k})
                 body = answer.json()
                 items = np.asarray([i["item_id"] for i in body["items"]], np.int64)
                 version = int(body["model_versions"]["release"])
@@ -262,14 +263,17 @@ async def simulate(
                         for item in clicked
                     ]
                     route = "feedback"
-                    await post_feedback(http, events)
+                    await post(http, route, {"events": events})
             except (httpx.HTTPError, ValueError, KeyError) as error:
                 report.errors += 1
                 status = getattr(getattr(error, "response", None), "status_code", None)
                 report.error_kinds[f"{route} {status or type(error).__name__}"] += 1
 
     async with httpx.AsyncClient(
-        base_url=plan.url, timeout=plan.timeout_s, transport=transport
+        base_url=plan.url,
+        timeout=plan.timeout_s,
+        limits=httpx.Limits(keepalive_expiry=KEEPALIVE_S),
+        transport=transport,
     ) as http:
         tasks = []
         for number in range(total):
