@@ -3,14 +3,18 @@
 On the synthetic generator (prepared by the project's own ETL), for each model, in one run:
 
   (a) full    the training step fed by the project's loader (DLRM: ParquetBatchLoader over
-              the ranking parquet; two-tower: TwoTowerBatches over retrieval.npz)
+              the ranking parquet; two-tower: TwoTowerBatches over retrieval.npz), through
+              ``prefetched`` as in ``train_epochs`` (on a GPU: built ahead by a thread)
   (b) compute the same step on batches already in memory (loader cost excluded)
   (c) loader  the project's loader alone, no model
   (d) naive   a textbook PyTorch pipeline: a map-style Dataset returning one row per
               ``__getitem__`` and a DataLoader collating them, training the same model
 
 Samples/s of each, the ratios (a)/(b) (target >= 0.9: the loader is not the bottleneck) and
-(a)/(d) (target >= 10), and the peak resident memory. (a), (b), (c) run for up to
+(a)/(d) (target >= 10), and the peak resident memory. The models train where ``cascade train``
+puts them (``--device``, default the GPU when there is one): batches are built on the CPU
+and moved to the model, and on a GPU the forward pass runs under bfloat16 autocast, exactly
+as in ``train_epochs``. (a), (b), (c) run for up to
 ``--seconds`` each; (d), much slower, for up to ``--naive-seconds``. Prints a table, then one
 JSON object as its last line (also written to ``bench/results/training.json``).
 
@@ -40,7 +44,7 @@ from pipelines.dataloader import ParquetBatchLoader
 from pipelines.features.workflow import Workflow
 from pipelines.models.dlrm import DLRM
 from pipelines.prepare import RetrievalData, prepare
-from pipelines.training.loop import make_optimizers
+from pipelines.training.loop import device, make_optimizers, on_device, prefetched
 from pipelines.training.ranking import GROUPS, build_dlrm, ranking_inputs
 from pipelines.training.retrieval import TwoTowerBatches, build_two_tower
 
@@ -48,11 +52,16 @@ Step = Callable[[Any], None]
 
 
 def _step(model: torch.nn.Module, loss_fn: Callable[[Any], torch.Tensor], lr: float) -> Step:
-    """One optimisation step, exactly as ``train_epochs`` does it."""
+    """One optimisation step, exactly as ``train_epochs`` does it (the batch moved to the
+    model's device, bfloat16 autocast on a GPU)."""
     optimizers = make_optimizers(model, lr, 0.0)
+    target = next(model.parameters()).device
+    use_amp = target.type == "cuda"
 
     def step(batch: Any) -> None:
-        loss = loss_fn(batch)
+        batch = on_device(batch, target)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_amp):
+            loss = loss_fn(batch)
         for optimizer in optimizers:
             optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -66,6 +75,12 @@ WARMUP_BATCHES = 3
 REPEATS = 2  # each figure is the best of this many timed runs (shared, busy machines)
 
 
+def _synchronize() -> None:
+    """Wait for the GPU's queued work, so that a timed run ends when its steps have run."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def _rate(
     batches: Iterable[Any], rows_of: Callable[[Any], int], step: Step | None, seconds: float
 ) -> float:
@@ -77,6 +92,7 @@ def _rate(
             step(batch)
     best = 0.0
     for _ in range(REPEATS):
+        _synchronize()
         rows, started = 0, time.perf_counter()
         for batch in iterator:
             if step is not None:
@@ -84,6 +100,7 @@ def _rate(
             rows += rows_of(batch)
             if time.perf_counter() - started > seconds:
                 break
+        _synchronize()
         best = max(best, rows / (time.perf_counter() - started))
     return best
 
@@ -113,14 +130,16 @@ class DLRMRows(Dataset):
         }
 
 
-def bench_dlrm(workdir: Path, config: TrainConfig, seconds: float, naive_s: float) -> dict:
+def bench_dlrm(
+    workdir: Path, config: TrainConfig, seconds: float, naive_s: float, where: torch.device
+) -> dict:
     workflow = Workflow.load(workdir / "workflow")
     train = ranking_inputs(workdir / "ranking_train.parquet")
     n_dense = train["dense"].shape[1]
 
     def model_and_step() -> tuple[DLRM, Step]:
         torch.manual_seed(config.seed)
-        model = build_dlrm(workflow, n_dense, config)
+        model = build_dlrm(workflow, n_dense, config).to(where)
         model.train()
 
         def loss(batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -142,7 +161,9 @@ def bench_dlrm(workdir: Path, config: TrainConfig, seconds: float, naive_s: floa
         return len(batch["label"])
 
     batch_loader = loader()
-    full = _rate(_cycle(lambda: batch_loader), rows_of, model_and_step()[1], seconds)
+    full = _rate(
+        prefetched(_cycle(lambda: batch_loader), where), rows_of, model_and_step()[1], seconds
+    )
     resident = [
         {k: v.clone() for k, v in b.items()} for b, _ in zip(loader(), range(256), strict=False)
     ]
@@ -181,13 +202,15 @@ class TwoTowerPairs(Dataset):
         )
 
 
-def bench_two_tower(workdir: Path, config: TrainConfig, seconds: float, naive_s: float) -> dict:
+def bench_two_tower(
+    workdir: Path, config: TrainConfig, seconds: float, naive_s: float, where: torch.device
+) -> dict:
     workflow = Workflow.load(workdir / "workflow")
     data = RetrievalData.load(workdir / "retrieval.npz")
 
     def model_and_step() -> Step:
         torch.manual_seed(config.seed)
-        model = build_two_tower(workflow, data.item_dense.shape[1], config)
+        model = build_two_tower(workflow, data.item_dense.shape[1], config).to(where)
         model.train()
         return _step(model, lambda batch: model.loss(*batch), config.two_tower_lr)
 
@@ -195,7 +218,9 @@ def bench_two_tower(workdir: Path, config: TrainConfig, seconds: float, naive_s:
         return len(batch[0])
 
     batches = TwoTowerBatches(data, config.two_tower_batch, config.seed)
-    full = _rate(_cycle(lambda: batches.epoch(0)), rows_of, model_and_step(), seconds)
+    full = _rate(
+        prefetched(_cycle(lambda: batches.epoch(0)), where), rows_of, model_and_step(), seconds
+    )
     resident = [b for b, _ in zip(batches.epoch(1), range(256), strict=False)]
     compute = _rate(_cycle(lambda: resident), rows_of, model_and_step(), seconds)
     loading = _rate(_cycle(lambda: batches.epoch(2)), rows_of, None, seconds)
@@ -230,12 +255,35 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, default=TrainConfig().torch_threads, help="torch threads"
     )
+    defaults = TrainConfig()
+    parser.add_argument(
+        "--dlrm-batch", type=int, default=defaults.dlrm_batch, help="DLRM batch size (all phases)"
+    )
+    parser.add_argument(
+        "--two-tower-batch",
+        type=int,
+        default=defaults.two_tower_batch,
+        help="two-tower batch size (all phases)",
+    )
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default=device().type,
+        help="where the models train (default: %(default)s, the GPU when there is one)",
+    )
     args = parser.parse_args()
     if args.quick:
         args.users, args.items, args.interactions = 5_000, 20_000, 300_000
         args.seconds, args.naive_seconds = 5.0, 5.0
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is available")
+    where = torch.device(args.device)
     torch.set_num_threads(args.threads)
-    config = TrainConfig(torch_threads=args.threads)
+    config = TrainConfig(
+        torch_threads=args.threads,
+        dlrm_batch=args.dlrm_batch,
+        two_tower_batch=args.two_tower_batch,
+    )
 
     with tempfile.TemporaryDirectory() as directory:
         workdir = Path(directory)
@@ -245,8 +293,8 @@ def main() -> None:
         del raw
         prepare_s = time.perf_counter() - started
         results = {
-            "dlrm": bench_dlrm(workdir, config, args.seconds, args.naive_seconds),
-            "two_tower": bench_two_tower(workdir, config, args.seconds, args.naive_seconds),
+            "dlrm": bench_dlrm(workdir, config, args.seconds, args.naive_seconds, where),
+            "two_tower": bench_two_tower(workdir, config, args.seconds, args.naive_seconds, where),
         }
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     for name, r in results.items():
@@ -261,6 +309,7 @@ def main() -> None:
         "size": {"users": args.users, "items": args.items, "interactions": args.interactions},
         "prepare_seconds": round(prepare_s, 1),
         "threads": args.threads,
+        "device": torch.cuda.get_device_name() if where.type == "cuda" else "cpu",
         "batch": {"dlrm": config.dlrm_batch, "two_tower": config.two_tower_batch},
         **results,
         "peak_rss_mb": round(peak_mb),

@@ -58,6 +58,9 @@ class TrainConfig(BaseModel):
     two_tower_history_dim: int = Field(
         32, ge=1, description="Embedding size of the history items in the query tower."
     )
+    two_tower_hidden: int = Field(
+        128, ge=4, description="Width of the hidden layer of both towers' MLPs."
+    )
     temperature: float = Field(
         0.2,
         gt=0,

@@ -54,11 +54,13 @@ def build_two_tower(workflow: Workflow, n_item_dense: int, config: TrainConfig) 
         [cardinality(workflow, c) for c in USER_TOWER_COLUMNS],
         n_items=cardinality(workflow, "item_id_idx"),
         history_dim=config.two_tower_history_dim,
+        hidden=config.two_tower_hidden,
         out_dim=config.two_tower_dim,
     )
     item = ItemTower(
         [cardinality(workflow, c) for c in ITEM_TOWER_COLUMNS],
         n_item_dense,
+        hidden=config.two_tower_hidden,
         out_dim=config.two_tower_dim,
     )
     return TwoTower(query, item, temperature=config.temperature)
