@@ -1,0 +1,191 @@
+"""Benchmark: two-tower variants against EASE on MovieLens-100K, both split protocols.
+
+Issue 13 asks for a two-tower above every baseline on NDCG@10 under both protocols. This
+trains each variant (``TrainConfig`` overrides: history length, widths, dropouts,
+temperature...) and EASE on the same prepared splits, in parallel processes (one torch
+thread each), and reports, per protocol, the mean over seeds of the kept epoch's validation
+NDCG@10 (what model selection sees) and of test NDCG@10, and each variant's test NDCG@10 as
+a ratio to EASE's measured in the same run (>= 1 means the variant beats EASE).
+
+Prints a table, then one JSON object as its last line (also ``bench/results/
+retriever_variants.json``). On 2 cores the default run takes about 25 minutes; on a machine
+with more cores, raise ``--workers``.
+
+    python bench/retriever_variants.py                # seeds 0 1 2, both protocols
+    python bench/retriever_variants.py --quick        # seed 0, global split, 3 epochs
+    python bench/retriever_variants.py --variants default hidden512 --seeds 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+# TrainConfig overrides of each variant; "default" is the shipped configuration.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "hidden512": {"two_tower_hidden": 512},
+    "history200": {"history_length": 200},
+    "history200_wide": {
+        "history_length": 200,
+        "two_tower_history_dim": 128,
+        "two_tower_hidden": 512,
+        "user_id_dropout": 0.5,
+    },
+}
+PROTOCOLS = ("global", "per_user")
+
+
+def prepare_split(root: str, protocol: str, seed: int, history_length: int) -> str:
+    """Prepare MovieLens-100K for one protocol, seed and history length; its directory."""
+    from pipelines.config import TrainConfig
+    from pipelines.data.movielens import load_movielens_100k
+    from pipelines.pipeline import split_for
+    from pipelines.prepare import prepare
+
+    work = Path(root) / f"{protocol}-{seed}-h{history_length}"
+    config = TrainConfig(split_protocol=protocol, seed=seed, history_length=history_length)
+    raw = load_movielens_100k()
+    prepare(raw, work, seed=seed, history_length=history_length, split=split_for(raw, config))
+    return str(work)
+
+
+def train_and_evaluate(work: str, variant: str, overrides: dict[str, Any]) -> dict[str, Any]:
+    """Train one variant (or EASE) on a prepared split; its validation and test NDCG@10."""
+    import torch
+
+    from pipelines.config import TrainConfig
+    from pipelines.evaluation.protocol import evaluate_split
+    from pipelines.features.workflow import Workflow
+    from pipelines.prepare import RetrievalData
+    from pipelines.training.baselines import train_ease
+    from pipelines.training.loop import seed_everything
+    from pipelines.training.retrieval import (
+        build_two_tower,
+        evaluate_two_tower,
+        kept_validation,
+        train_two_tower,
+    )
+
+    torch.set_num_threads(1)
+    config = TrainConfig(**overrides)
+    seed_everything(config.seed)
+    data = RetrievalData.load(Path(work) / "retrieval.npz")
+    started = time.perf_counter()
+    if variant == "ease":
+        ease, _ = train_ease(data, config, lambda line: None)
+        assert ease is not None  # MovieLens is far below the EASE catalog limit
+        valid = evaluate_split(ease.scores, data, "valid", config.valid_users)
+        test = evaluate_split(ease.scores, data, "test")
+    else:
+        model = build_two_tower(
+            Workflow.load(Path(work) / "workflow"), data.item_dense.shape[1], config
+        )
+        valid = kept_validation(train_two_tower(model, data, config, quiet=True))
+        test = evaluate_two_tower(model, data)
+    return {
+        "variant": variant,
+        "protocol": config.split_protocol,
+        "seed": config.seed,
+        "valid_ndcg@10": valid["ndcg@10"],
+        "test_ndcg@10": test["ndcg@10"],
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+
+
+def summarise(runs: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
+    """Per protocol and variant: means over seeds, test spread, ratio to EASE's test mean."""
+    summary: dict[str, dict[str, dict[str, float]]] = {}
+    for protocol in sorted({r["protocol"] for r in runs}):
+        mine = [r for r in runs if r["protocol"] == protocol]
+        rows: dict[str, dict[str, float]] = {}
+        for variant in dict.fromkeys(r["variant"] for r in mine):
+            test = [r["test_ndcg@10"] for r in mine if r["variant"] == variant]
+            valid = [r["valid_ndcg@10"] for r in mine if r["variant"] == variant]
+            rows[variant] = {
+                "seeds": len(test),
+                "valid_ndcg@10": round(statistics.mean(valid), 4),
+                "test_ndcg@10": round(statistics.mean(test), 4),
+                "test_std": round(statistics.stdev(test), 4) if len(test) > 1 else 0.0,
+            }
+        for row in rows.values():
+            row["test_over_ease"] = round(row["test_ndcg@10"] / rows["ease"]["test_ndcg@10"], 3)
+        summary[protocol] = rows
+    return summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        choices=sorted(VARIANTS),
+        default=list(VARIANTS),
+        help="variants to train (default: all)",
+    )
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="split seeds")
+    parser.add_argument(
+        "--protocols", nargs="+", choices=PROTOCOLS, default=list(PROTOCOLS), help="split protocols"
+    )
+    parser.add_argument(
+        "--workers", type=int, default=os.cpu_count() or 1, help="parallel training processes"
+    )
+    parser.add_argument("--quick", action="store_true", help="seed 0, global, 3 epochs")
+    args = parser.parse_args()
+    if args.workers < 1:
+        parser.error("--workers must be at least 1")
+    extra: dict[str, Any] = {}
+    if args.quick:
+        args.seeds, args.protocols, extra = [0], ["global"], {"two_tower_epochs": 3}
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as root, ProcessPoolExecutor(args.workers) as pool:
+        lengths = sorted({VARIANTS[v].get("history_length", 20) for v in args.variants} | {20})
+        splits = [(p, s) for p in args.protocols for s in args.seeds]
+        prepared = {
+            (p, s, h): pool.submit(prepare_split, root, p, s, h) for p, s in splits for h in lengths
+        }
+        works = {key: future.result() for key, future in prepared.items()}
+        jobs = []
+        for protocol, seed in splits:
+            base = {"split_protocol": protocol, "seed": seed}
+            jobs.append(pool.submit(train_and_evaluate, works[(protocol, seed, 20)], "ease", base))
+            for variant in args.variants:
+                overrides = {**base, **extra, **VARIANTS[variant]}
+                work = works[(protocol, seed, overrides.get("history_length", 20))]
+                jobs.append(pool.submit(train_and_evaluate, work, variant, overrides))
+        runs = [job.result() for job in jobs]
+    summary = summarise(runs)
+    for protocol, rows in summary.items():
+        print(f"{protocol} split")
+        for variant, row in rows.items():
+            print(
+                f"  {variant:<16} valid {row['valid_ndcg@10']:.4f}  test {row['test_ndcg@10']:.4f}"
+                f" ± {row['test_std']:.4f}  test/EASE {row['test_over_ease']:.3f}"
+                f"  ({row['seeds']} seeds)"
+            )
+    record = {
+        "benchmark": "retriever_variants",
+        "seeds": args.seeds,
+        "variants": {v: VARIANTS[v] for v in args.variants},
+        "extra": extra,
+        "summary": summary,
+        "runs": runs,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+    out = Path(__file__).parent / "results"
+    out.mkdir(exist_ok=True)
+    (out / "retriever_variants.json").write_text(json.dumps(record, indent=2))
+    print(json.dumps(record))
+
+
+if __name__ == "__main__":
+    main()
