@@ -298,8 +298,11 @@ def _run_serve(args: argparse.Namespace) -> int:
     server = None
     if args.triton:
         key = settings.triton.control_key
+        # the query tower's stub only where it serves (CASCADE_TRITON__QUERY_TOWER=triton)
+        on_triton = ("query_tower",) if settings.triton.query_tower == "triton" else ()
         server = TritonServer(
             settings.artifacts / "model_repository",
+            models=(*on_triton, "ranker"),
             http_port=args.triton_http_port,
             grpc_port=args.triton_http_port + 1,
             metrics_port=args.triton_http_port + 2,

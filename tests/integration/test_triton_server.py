@@ -279,6 +279,9 @@ def test_killing_cascade_serve_takes_its_triton_down(exported: Path, tmp_path: P
         wait_until_ready(serve, f"http://127.0.0.1:{port}")
         (triton_pid,) = [p for p in _children(serve.pid) if "tritonserver" in _cmdline(p)]
         assert _alive(triton_pid)
+        # the default placement runs the query tower in the gateway: Triton starts no stub for it
+        assert "--load-model=ranker" in _cmdline(triton_pid)
+        assert "--load-model=query_tower" not in _cmdline(triton_pid)
         serve.kill()
         serve.wait()
         deadline = time.monotonic() + 30
