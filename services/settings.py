@@ -28,6 +28,14 @@ class RedisSettings(BaseModel):
 
     url: str | None = Field(None, description="redis://host:port/db; unset = in-memory store.")
     timeout_ms: float = Field(25.0, gt=0, description="Per-call timeout of the request path.")
+    feedback_timeout_ms: float = Field(
+        250.0,
+        gt=0,
+        description="Per-call timeout of POST /v1/feedback's Redis calls (attribution lookups, "
+        "the durable append). Not on an answer's latency path, so longer than timeout_ms: a "
+        "busy Redis delays a click instead of refusing it (a refused click gets a 503, which "
+        "the client may retry with the same event_id).",
+    )
     namespace: str = Field("cascade", description="Key prefix (keys are versioned below it).")
     breaker: BreakerSettings = BreakerSettings()
     auto_materialize: bool = Field(

@@ -27,7 +27,7 @@ async def _attribute(gateway: Gateway, body: FeedbackRequest) -> list[int | None
     request_ids = sorted({e.request_id for e in body.events if e.request_id})
     resolved: dict[str, int | None] = {}
     if request_ids:
-        timeout_s = gateway.settings.redis.timeout_ms / 1000
+        timeout_s = gateway.settings.redis.feedback_timeout_ms / 1000
         versions = await gateway.redis_breaker.call(
             lambda: gateway.store.impression_versions(request_ids), timeout_s
         )
@@ -52,7 +52,7 @@ async def _first_clicks(
     if not clicked:
         return set()
     ttl_s = gateway.settings.impressions.attribution_ttl_s
-    timeout_s = gateway.settings.redis.timeout_ms / 1000
+    timeout_s = gateway.settings.redis.feedback_timeout_ms / 1000
     firsts = await gateway.redis_breaker.call(
         lambda: gateway.store.first_hits(list(clicked), ttl_s), timeout_s
     )
@@ -84,7 +84,7 @@ async def feedback(body: FeedbackRequest, gateway: GatewayDep) -> FeedbackRespon
             event["hit"] = "1"
             hits.discard(e.request_id)  # one event per request carries it
     settings = gateway.settings
-    timeout_s = settings.redis.timeout_ms / 1000 * 4  # a durable write may take longer
+    timeout_s = settings.redis.feedback_timeout_ms / 1000
     appended = await gateway.redis_breaker.call(
         lambda: gateway.store.append_feedback(
             events, settings.feedback.max_len, settings.feedback.idempotency_ttl_s
