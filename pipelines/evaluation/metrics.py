@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
@@ -39,13 +39,44 @@ def retrieval_metrics(
         max_users: evaluate a seeded random sample of this many users (large catalogs).
     """
     truth = group_positives(test, n_users)
-    users = np.asarray([u for u in range(n_users) if len(truth[u])], dtype=np.int64)
-    if max_users is not None and len(users) > max_users:
-        users = np.sort(np.random.default_rng(seed).choice(users, max_users, replace=False))
+    users = evaluated_users(truth, max_users, seed)
     per_user = per_user_retrieval(
         score_users, users, truth, group_positives(seen, n_users), ks=ks, batch=batch
     )
     return {name: float(values.sum()) / max(len(users), 1) for name, values in per_user.items()}
+
+
+def evaluated_users(
+    truth: list[np.ndarray], max_users: int | None = None, seed: int = 0
+) -> np.ndarray:
+    """The user positions with relevant items; a seeded sample of ``max_users`` of them when
+    there are more."""
+    users = np.asarray([u for u, items in enumerate(truth) if len(items)], dtype=np.int64)
+    if max_users is not None and len(users) > max_users:
+        users = np.sort(np.random.default_rng(seed).choice(users, max_users, replace=False))
+    return users
+
+
+def ranked_tops(
+    score_users: Callable[[np.ndarray], np.ndarray],
+    users: np.ndarray,
+    seen: list[np.ndarray],
+    k: int,
+    batch: int = 256,
+) -> Iterator[tuple[int, np.ndarray]]:
+    """Each of ``users`` (in order) with its ``k`` best-scored items not in ``seen``, best
+    first; at most ``SCORES_PER_CHUNK`` users x items scores at a time."""
+    start, block = 0, 1  # the first block (one user) tells the catalog's width
+    while start < len(users):
+        chunk = users[start : start + block]
+        scores = np.array(score_users(chunk), dtype=np.float32, copy=True)
+        block = max(1, min(batch, SCORES_PER_CHUNK // max(scores.shape[1], 1)))
+        for row, u in enumerate(chunk):
+            scores[row, seen[u]] = -np.inf
+        # torch.topk: about 2.5x faster than np.argpartition + argsort over a 1M-item row
+        best = torch.topk(torch.from_numpy(scores), min(k, scores.shape[1]), dim=1)
+        yield from zip(chunk.tolist(), best.indices.numpy(), strict=True)
+        start += len(chunk)
 
 
 def per_user_retrieval(
@@ -74,26 +105,13 @@ def per_user_retrieval(
     k_max = max(ks)
     discounts = 1.0 / np.log2(np.arange(2, k_max + 2))
     out = {f"{m}@{k}": np.zeros(len(users)) for k in ks for m in ("recall", "ndcg")}
-    start, block = 0, 1  # the first block (one user) tells the catalog's width
-    while start < len(users):  # at most SCORES_PER_CHUNK users x items scores at a time
-        chunk = users[start : start + block]
-        scores = np.array(score_users(chunk), dtype=np.float32, copy=True)
-        block = max(1, min(batch, SCORES_PER_CHUNK // max(scores.shape[1], 1)))
-        for row, u in enumerate(chunk):
-            scores[row, seen[u]] = -np.inf
-        # torch.topk: about 2.5x faster than np.argpartition + argsort over a 1M-item row
-        best = torch.topk(torch.from_numpy(scores), min(k_max, scores.shape[1]), dim=1)
-        top = best.indices.numpy()
-        for row, u in enumerate(chunk):
-            count = len(truth[u]) if relevant is None else int(relevant[u])
-            hits = np.isin(top[row], truth[u])
-            for k in ks:
-                ideal = discounts[: min(count, k)].sum()
-                out[f"recall@{k}"][start + row] = hits[:k].sum() / count
-                out[f"ndcg@{k}"][start + row] = (
-                    hits[:k] * discounts[: len(hits[:k])]
-                ).sum() / ideal
-        start += len(chunk)
+    for i, (u, top) in enumerate(ranked_tops(score_users, users, seen, k_max, batch)):
+        count = len(truth[u]) if relevant is None else int(relevant[u])
+        hits = np.isin(top, truth[u])
+        for k in ks:
+            ideal = discounts[: min(count, k)].sum()
+            out[f"recall@{k}"][i] = hits[:k].sum() / count
+            out[f"ndcg@{k}"][i] = (hits[:k] * discounts[: len(hits[:k])]).sum() / ideal
     return out
 
 

@@ -146,9 +146,10 @@ async def test_inference_server_down_orders_by_history_neighbours_then_popularit
 
 async def test_slow_scorer_times_out_and_keeps_retrieval_order(exported: Path) -> None:
     settings = _settings(exported, triton=TritonSettings(timeout_ms=40))
-    backend = FaultyBackend(exported / "model_repository", "slow", delay_s=60)
+    backend = FaultyBackend(exported / "model_repository", "ok", delay_s=60)
     gateway = Gateway(settings, store=InMemoryStore(), backend=backend)
     async for http in _client(gateway):
+        backend.mode = "slow"  # after the start-up warm-up, which waits up to 30 s per model
         # the models answer after a minute: an answer at all means the gateway did not wait
         # (the 20 s guard only keeps a regression from hanging the suite; not a latency check)
         answer = await asyncio.wait_for(

@@ -71,3 +71,40 @@ def test_the_table_survives_a_round_trip_and_a_bad_file_is_refused(tmp_path: Pat
     np.save(tmp_path / "t" / "similarity.npy", np.zeros((3, 1), np.float32))
     with pytest.raises(ValueError, match="int32 and float32"):
         ItemNeighbors.load(tmp_path / "t")
+
+
+def test_candidate_sources_counts_what_each_candidate_set_recalls() -> None:
+    """Two users, six items, a budget of 3 with 1 place for neighbours, worked by hand."""
+    from types import SimpleNamespace
+
+    from pipelines.training.retrieval import candidate_sources
+
+    scores = np.array([[6, 5, 4, 3, 2, 1], [1, 2, 3, 4, 5, 6]], dtype=np.float32)
+    data = SimpleNamespace(
+        user_ids=np.array([10, 11]),
+        positives={
+            "train": np.array([[0, 0], [1, 5]]),  # seen: user 0 item 0, user 1 item 5
+            "valid": np.zeros((0, 2), np.int64),
+            "test": np.array([[0, 3], [0, 4], [1, 0]]),
+        },
+    )
+    table = ItemNeighbors(
+        np.array([[-1], [4], [0], [-1], [-1], [-1]], dtype=np.int32),
+        np.array([[0], [0.9], [0.8], [0], [0], [0]], dtype=np.float32),
+    )
+    measured = candidate_sources(
+        lambda users: scores[users],
+        table,
+        [np.array([1]), np.array([2])],
+        data,  # type: ignore[arg-type]
+        None,
+        budget=3,
+        share=1,
+    )
+    # ANN: user 0 gets [1, 2, 3] (item 0 seen): 1 of its 2 test items; user 1 gets [4, 3, 2]:
+    # none. With the neighbour place: user 0 [1, 2, 4] (1 of 2), user 1 [4, 3, 0] (1 of 1).
+    assert measured == {
+        "budget": 3,
+        "recall@3 ann": 0.25,
+        "recall@3 ann+item_neighbors_1": 0.75,
+    }
