@@ -31,6 +31,7 @@ from typing import Any
 # TrainConfig overrides of each variant; "default" is the shipped configuration.
 VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
+    "no_item_bias": {"two_tower_item_bias": False},
     "hidden512": {"two_tower_hidden": 512},
     "history200": {"history_length": 200},
     "history200_wide": {

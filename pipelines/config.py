@@ -61,6 +61,11 @@ class TrainConfig(BaseModel):
     two_tower_hidden: int = Field(
         128, ge=4, description="Width of the hidden layer of both towers' MLPs."
     )
+    two_tower_item_bias: bool = Field(
+        True,
+        description="A learned per-item bias on the two-tower's logits (a popularity prior); "
+        "served as one more dimension of the query and item vectors.",
+    )
     temperature: float = Field(
         0.2,
         gt=0,

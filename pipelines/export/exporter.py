@@ -20,7 +20,7 @@ from pipelines.export.repository import VersionWriter
 from pipelines.features.spec import SPARSE_COLUMNS
 from pipelines.features.workflow import Workflow
 from pipelines.models.gbm import TREE_CATEGORICAL, TreeRanker, tree_features
-from pipelines.models.two_tower import QueryTower
+from pipelines.models.two_tower import ServedQuery
 from pipelines.prepare import RetrievalData
 from pipelines.training.item_neighbors import DIRECTORY as NEIGHBORS
 from pipelines.training.ranking import build_dlrm, ranking_inputs
@@ -91,7 +91,7 @@ def _write_drift_reference(
     workdir: Path,
     workflow: Workflow,
     config: TrainConfig,
-    query: QueryTower,
+    query: ServedQuery,
     index: Any,
     item_ids: np.ndarray,
 ) -> None:
@@ -151,7 +151,7 @@ def run_export(workdir: Path, root: Path, config: TrainConfig, info: dict[str, A
         )
         staged = writer.staging(QUERY_TOWER)
         query_difference = export_query_tower(
-            two_tower.query, data.user_features, data.history, staged / "model.onnx"
+            two_tower.served_query(), data.user_features, data.history, staged / "model.onnx"
         )
         _add_triton_files(root, QUERY_TOWER, staged)
         writer.publish(QUERY_TOWER, staged)
@@ -183,7 +183,7 @@ def run_export(workdir: Path, root: Path, config: TrainConfig, info: dict[str, A
         shutil.copytree(workdir / "workflow", release / "workflow")
         shutil.copytree(workdir / "online", release / "online")
         _write_drift_reference(
-            release, workdir, workflow, config, two_tower.query, index, data.item_ids
+            release, workdir, workflow, config, two_tower.served_query(), index, data.item_ids
         )
         return writer.finish(
             {

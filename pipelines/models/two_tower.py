@@ -1,4 +1,5 @@
-"""Two-tower retrieval: a user tower (user features + recent history) and an item tower.
+"""Two-tower retrieval: a user tower (user features + recent history) and an item tower,
+with an optional learned per-item logit bias.
 
 Two losses, chosen by catalog size (``pipelines.training.retrieval``):
 
@@ -56,7 +57,11 @@ class QueryTower(nn.Module):
 
 
 class ItemTower(nn.Module):
-    """Item id-features ``[B, n_features]`` + dense features ``[B, n_dense]`` -> unit vector."""
+    """Item id-features ``[B, n_features]`` + dense features ``[B, n_dense]`` -> unit vector.
+
+    With ``bias``, each item also has a learned scalar added to its logits (``bias_of``,
+    looked up by the item id in column 0): a popularity prior that a cosine bounded by the
+    temperature cannot express."""
 
     def __init__(
         self,
@@ -65,25 +70,64 @@ class ItemTower(nn.Module):
         feature_dim: int = 32,
         hidden: int = 128,
         out_dim: int = 64,
+        bias: bool = False,
     ) -> None:
         super().__init__()
         self.features = nn.ModuleList(embedding(n, feature_dim) for n in cardinalities)
         self.dense = nn.Linear(n_dense, feature_dim)
         self.mlp = _mlp([feature_dim * (len(cardinalities) + 1), hidden, out_dim])
+        self.bias = embedding(cardinalities[0], 1) if bias else None
+        if self.bias is not None:
+            nn.init.zeros_(self.bias.weight)
 
     def forward(self, item_features: torch.Tensor, item_dense: torch.Tensor) -> torch.Tensor:
         parts = [table(item_features[:, j]) for j, table in enumerate(self.features)]
         return F.normalize(self.mlp(torch.cat([*parts, self.dense(item_dense)], dim=1)), dim=-1)
 
+    def bias_of(self, item_features: torch.Tensor) -> torch.Tensor | None:
+        """``[B]`` logit bias of each item (None without a bias)."""
+        return None if self.bias is None else self.bias(item_features[:, 0])[:, 0]
+
+
+class ServedQuery(nn.Module):
+    """The query tower as served and exported: its unit vector, then (with an item bias) a
+    constant 1 that meets each served item vector's last entry, temperature x bias. A dot
+    product of served vectors is then the temperature times the trained logit: the same
+    order, on the cosine's scale."""
+
+    def __init__(self, query: QueryTower, with_bias: bool) -> None:
+        super().__init__()
+        self.query = query
+        self.with_bias = with_bias
+
+    def forward(self, user_features: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
+        users = self.query(user_features, history)
+        if not self.with_bias:
+            return users
+        return torch.cat([users, torch.ones_like(users[:, :1])], dim=1)
+
 
 class TwoTower(nn.Module):
-    """Both towers and their two losses (full softmax, in-batch sampled softmax)."""
+    """Both towers and their two losses (full softmax, in-batch sampled softmax), and the
+    vectors they serve (``served_query``, ``served_items``)."""
 
     def __init__(self, query: QueryTower, item: ItemTower, temperature: float = 0.05) -> None:
         super().__init__()
         self.query = query
         self.item = item
         self.temperature = temperature
+
+    def served_query(self) -> ServedQuery:
+        """The query tower as exported (ONNX) and scored against ``served_items``."""
+        return ServedQuery(self.query, self.item.bias is not None)
+
+    def served_items(self, item_features: torch.Tensor, item_dense: torch.Tensor) -> torch.Tensor:
+        """Item vectors for the ANN: the unit vector, then (with a bias) temperature x bias."""
+        items = self.item(item_features, item_dense)
+        bias = self.item.bias_of(item_features)
+        if bias is None:
+            return items
+        return torch.cat([items, self.temperature * bias[:, None]], dim=1)
 
     def loss(
         self,
@@ -98,6 +142,9 @@ class TwoTower(nn.Module):
         users = self.query(user_features, history)
         items = self.item(item_features, item_dense)
         logits = users @ items.T / self.temperature - log_q[None, :]
+        bias = self.item.bias_of(item_features)
+        if bias is not None:
+            logits = logits + bias[None, :]
         same_item = item_ids[None, :] == item_ids[:, None]
         eye = torch.eye(len(item_ids), dtype=torch.bool, device=logits.device)
         logits = logits.masked_fill(same_item & ~eye, float("-inf"))
@@ -121,6 +168,9 @@ class TwoTower(nn.Module):
         users = self.query(user_features, history)
         items = self.item(catalog_features, catalog_dense)
         logits = users @ items.T / self.temperature
+        bias = self.item.bias_of(catalog_features)
+        if bias is not None:
+            logits = logits + bias[None, :]
         rows = torch.arange(len(targets), device=logits.device)
         excluded = excluded.clone()
         excluded[rows, targets] = False

@@ -62,6 +62,7 @@ def build_two_tower(workflow: Workflow, n_item_dense: int, config: TrainConfig) 
         n_item_dense,
         hidden=config.two_tower_hidden,
         out_dim=config.two_tower_dim,
+        bias=config.two_tower_item_bias,
     )
     return TwoTower(query, item, temperature=config.temperature)
 
@@ -71,7 +72,7 @@ def item_embeddings(model: TwoTower, data: RetrievalData) -> np.ndarray:
     model.eval()
     where = model_device(model)
     features = torch.from_numpy(data.item_features).to(where)
-    return model.item(features, torch.from_numpy(data.item_dense).to(where)).cpu().numpy()
+    return model.served_items(features, torch.from_numpy(data.item_dense).to(where)).cpu().numpy()
 
 
 @torch.no_grad()
@@ -79,7 +80,8 @@ def user_embeddings(model: TwoTower, data: RetrievalData, users: np.ndarray) -> 
     model.eval()
     where = model_device(model)
     features = torch.from_numpy(data.user_features[users]).to(where)
-    return model.query(features, torch.from_numpy(data.history[users]).to(where)).cpu().numpy()
+    query = model.served_query()
+    return query(features, torch.from_numpy(data.history[users]).to(where)).cpu().numpy()
 
 
 def two_tower_scores(model: TwoTower, data: RetrievalData) -> Callable[[np.ndarray], np.ndarray]:

@@ -51,7 +51,8 @@ def onnx_difference(
     dlrm.eval()
     out = {}
     with torch.no_grad():
-        expected = two_tower.query(torch.from_numpy(features), torch.from_numpy(history)).numpy()
+        query = two_tower.served_query()
+        expected = query(torch.from_numpy(features), torch.from_numpy(history)).numpy()
         got = version.query.encode(features, history)
         out["query_tower"] = float(np.max(np.abs(got - expected))) if len(got) else 0.0
         torch_logits = dlrm(torch.from_numpy(sparse), torch.from_numpy(dense)).float().numpy()

@@ -81,3 +81,39 @@ def test_catalog_loss_is_cross_entropy_over_the_items_not_excluded() -> None:
     ).mean()
     torch.testing.assert_close(loss, expected)
     assert excluded[0, 2]  # the caller's mask is not modified
+
+
+def test_served_vectors_score_the_trained_logits_with_the_item_bias() -> None:
+    """With an item bias, served query . served item = temperature x (cosine / T + bias):
+    the order the softmax was trained on, and the bias moves the loss."""
+    torch.manual_seed(0)
+    model = TwoTower(
+        QueryTower([5, 5], n_items=20), ItemTower([20], n_dense=2, bias=True), temperature=0.1
+    )
+    assert model.item.bias is not None
+    with torch.no_grad():
+        model.item.bias.weight.copy_(torch.randn(20, 1))
+    features, history = torch.tensor([[1, 2], [3, 4]]), torch.tensor([[0, 5, 6], [7, 8, 9]])
+    items = torch.tensor([[3], [7], [11]])
+    dense = torch.randn(3, 2)
+    users = model.query(features, history)
+    logits = users @ model.item(items, dense).T / 0.1 + model.item.bias.weight[items[:, 0], 0]
+    served = model.served_query()(features, history) @ model.served_items(items, dense).T
+    torch.testing.assert_close(served, 0.1 * logits)
+    assert model.served_query()(features, history).shape == (2, 65)
+
+    targets, excluded = torch.tensor([0, 2]), torch.zeros(2, 3, dtype=torch.bool)
+    before = model.catalog_loss(features, history, targets, excluded, items, dense)
+    with torch.no_grad():
+        model.item.bias.weight[items[:, 0]] += torch.tensor([[5.0], [0.0], [5.0]])
+    assert model.catalog_loss(features, history, targets, excluded, items, dense) < before
+
+
+def test_without_a_bias_the_served_vectors_are_the_towers() -> None:
+    model = _two_tower()
+    features, history = torch.tensor([[1, 2]]), torch.tensor([[0, 5, 6]])
+    items, dense = torch.tensor([[3], [7]]), torch.randn(2, 2)
+    torch.testing.assert_close(
+        model.served_query()(features, history), model.query(features, history)
+    )
+    torch.testing.assert_close(model.served_items(items, dense), model.item(items, dense))

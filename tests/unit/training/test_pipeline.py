@@ -95,7 +95,11 @@ def test_export_is_complete_and_consistent(run: tuple[Path, Path, str]) -> None:
         None,
         {"user_features": np.zeros((2, 5), np.int64), "history": np.zeros((2, length), np.int64)},
     )[0]
-    assert embedding.shape == (2, 64)
+    # the two-tower's 64 dimensions, then the constant that meets each item's bias
+    assert embedding.shape == (2, 65)
+    np.testing.assert_array_equal(embedding[:, 64], 1.0)
+    items = np.load(out / "releases/1/item_embeddings.npy")
+    assert items.shape[1] == 65
     assert Workflow.load(out / "releases/1/workflow").ops
 
 
