@@ -37,7 +37,8 @@ def _session(path: Path, threads: int = 1) -> ort.InferenceSession:
 
 
 class QueryTowerModel:
-    """User id-features + history item ids -> unit-norm query embedding."""
+    """User id-features + history item ids -> query embedding (the two-tower's unit vector, then
+    a constant 1 when the model has an item bias: see ``pipelines.models.two_tower``)."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
