@@ -44,31 +44,11 @@ from pipelines.dataloader import ParquetBatchLoader
 from pipelines.features.workflow import Workflow
 from pipelines.models.dlrm import DLRM
 from pipelines.prepare import RetrievalData, prepare
-from pipelines.training.loop import device, make_optimizers, on_device, prefetched
+from pipelines.training.loop import device, make_step, prefetched
 from pipelines.training.ranking import GROUPS, build_dlrm, ranking_inputs
 from pipelines.training.retrieval import TwoTowerBatches, build_two_tower
 
-Step = Callable[[Any], None]
-
-
-def _step(model: torch.nn.Module, loss_fn: Callable[[Any], torch.Tensor], lr: float) -> Step:
-    """One optimisation step, exactly as ``train_epochs`` does it (the batch moved to the
-    model's device, bfloat16 autocast on a GPU)."""
-    optimizers = make_optimizers(model, lr, 0.0)
-    target = next(model.parameters()).device
-    use_amp = target.type == "cuda"
-
-    def step(batch: Any) -> None:
-        batch = on_device(batch, target)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_amp):
-            loss = loss_fn(batch)
-        for optimizer in optimizers:
-            optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        for optimizer in optimizers:
-            optimizer.step()
-
-    return step
+Step = Callable[[Any], Any]
 
 
 WARMUP_BATCHES = 3
@@ -146,7 +126,7 @@ def bench_dlrm(
             logits = model(batch["sparse"], batch["dense"].contiguous())
             return F.binary_cross_entropy_with_logits(logits.float(), batch["label"][:, 0])
 
-        return model, _step(model, loss, config.dlrm_lr)
+        return model, make_step(model, loss, config.dlrm_lr)
 
     def loader() -> ParquetBatchLoader:
         return ParquetBatchLoader(
@@ -212,7 +192,7 @@ def bench_two_tower(
         torch.manual_seed(config.seed)
         model = build_two_tower(workflow, data.item_dense.shape[1], config).to(where)
         model.train()
-        return _step(model, lambda batch: model.loss(*batch), config.two_tower_lr)
+        return make_step(model, lambda batch: model.loss(*batch), config.two_tower_lr)
 
     def rows_of(batch: tuple[torch.Tensor, ...]) -> int:
         return len(batch[0])

@@ -129,6 +129,14 @@ class TwoTower(nn.Module):
             return items
         return torch.cat([items, self.temperature * bias[:, None]], dim=1)
 
+    def logits(
+        self, users: torch.Tensor, item_features: torch.Tensor, item_dense: torch.Tensor
+    ) -> torch.Tensor:
+        """``[len(users), n_items]``: cosine over the temperature, plus each item's bias."""
+        logits = users @ self.item(item_features, item_dense).T / self.temperature
+        bias = self.item.bias_of(item_features)
+        return logits if bias is None else logits + bias[None, :]
+
     def loss(
         self,
         user_features: torch.Tensor,
@@ -140,11 +148,7 @@ class TwoTower(nn.Module):
     ) -> torch.Tensor:
         """In-batch softmax with log-Q correction; a duplicate of the positive is not a negative."""
         users = self.query(user_features, history)
-        items = self.item(item_features, item_dense)
-        logits = users @ items.T / self.temperature - log_q[None, :]
-        bias = self.item.bias_of(item_features)
-        if bias is not None:
-            logits = logits + bias[None, :]
+        logits = self.logits(users, item_features, item_dense) - log_q[None, :]
         same_item = item_ids[None, :] == item_ids[:, None]
         eye = torch.eye(len(item_ids), dtype=torch.bool, device=logits.device)
         logits = logits.masked_fill(same_item & ~eye, float("-inf"))
@@ -165,12 +169,7 @@ class TwoTower(nn.Module):
         the user's other training positives, which are not negatives (the target itself may
         be marked: it is always kept).
         """
-        users = self.query(user_features, history)
-        items = self.item(catalog_features, catalog_dense)
-        logits = users @ items.T / self.temperature
-        bias = self.item.bias_of(catalog_features)
-        if bias is not None:
-            logits = logits + bias[None, :]
+        logits = self.logits(self.query(user_features, history), catalog_features, catalog_dense)
         rows = torch.arange(len(targets), device=logits.device)
         excluded = excluded.clone()
         excluded[rows, targets] = False

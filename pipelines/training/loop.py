@@ -169,6 +169,33 @@ def make_optimizers(model: torch.nn.Module, lr: float, weight_decay: float) -> l
     return optimizers
 
 
+def make_step(
+    model: torch.nn.Module,
+    loss_fn: Callable[[Any], torch.Tensor],
+    lr: float,
+    weight_decay: float = 0.0,
+) -> Callable[[Any], torch.Tensor]:
+    """One optimisation step on a batch: moved to the model's device, the loss under
+    bfloat16 autocast on a GPU, every optimizer (``make_optimizers``) stepped. Returns the
+    detached loss, left on the device (reading it would wait for the GPU)."""
+    optimizers = make_optimizers(model, lr, weight_decay)
+    target = model_device(model)
+    use_amp = target.type == "cuda"
+
+    def step(batch: Any) -> torch.Tensor:
+        batch = on_device(batch, target)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_amp):
+            loss = loss_fn(batch)
+        for optimizer in optimizers:
+            optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        for optimizer in optimizers:
+            optimizer.step()
+        return loss.detach()
+
+    return step
+
+
 def train_epochs(
     model: torch.nn.Module,
     epoch_batches: Callable[[int], Iterable[tuple[Any, ...]]],
@@ -198,9 +225,8 @@ def train_epochs(
     ``report`` receives the one-line summary of each epoch (default: print); ``quiet``
     silences both the lines and the bar.
     """
-    optimizers = make_optimizers(model, lr, weight_decay)
+    step = make_step(model, lambda batch: loss_fn(*batch), lr, weight_decay)
     target = model_device(model)
-    use_amp = target.type == "cuda"
     emit = report or print
     history: list[dict[str, float]] = []
     best_value, best_state, best_index, stale = -float("inf"), None, -1, 0
@@ -217,15 +243,7 @@ def train_epochs(
         )
         running = torch.zeros((), device=target)  # summed where the loss is: no sync per step
         for batch in bar:
-            batch = on_device(batch, target)
-            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_amp):
-                loss = loss_fn(*batch)
-            for optimizer in optimizers:
-                optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            for optimizer in optimizers:
-                optimizer.step()
-            running += loss.detach().float()
+            running += step(batch).float()
             count += 1
             if not bar.disable:
                 bar.set_postfix(loss=f"{float(running) / count:.4f}", refresh=False)
