@@ -12,7 +12,6 @@ every epoch. Prints a table, then one JSON object as the last line; also writes
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import torch
+from publish import publish
 from torch.utils.data import DataLoader, Dataset
 
 from pipelines.dataloader import ParquetBatchLoader
@@ -125,10 +125,7 @@ def main() -> None:
         ("ParquetBatchLoader, 1 worker", one_worker, round(one_worker / baseline, 1)),
     ):
         print(f"{name}: {rate:>14,.0f} samples/s  ({ratio}x)")
-    out = Path(__file__).parent / "results"
-    out.mkdir(exist_ok=True)
-    (out / "dataloader.json").write_text(json.dumps(result, indent=2))
-    print(json.dumps(result))
+    publish("dataloader", result)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ Prints a table, then one JSON object as the last line (also bench/results/embedd
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import tempfile
 import time
@@ -29,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from publish import publish
 
 from services.embedding_cache.backing import RedisRows
 from services.embedding_cache.cache import CacheConfig, HierarchicalEmbeddingCache
@@ -185,9 +185,7 @@ def main() -> None:
         "async_threshold": args.async_threshold,
         "configs": runs,
     }
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "embedding_cache.json").write_text(json.dumps(result, indent=2))
-    print(json.dumps(result))
+    publish("embedding_cache", result)
 
 
 if __name__ == "__main__":

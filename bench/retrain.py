@@ -33,6 +33,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from publish import publish
+
 from pipelines.pipeline import load_dataset
 from pipelines.retrain.replay import replay_records, write_records
 from services.cli import main
@@ -149,10 +151,7 @@ def main_cli() -> None:
         help="gate YAML (default: the small-holdout margins; see that file)",
     )
     result = run(parser.parse_args())
-    out = Path(__file__).with_name("results")
-    out.mkdir(exist_ok=True)
-    (out / "retrain.json").write_text(json.dumps(result, indent=2))
-    print(json.dumps(result))
+    publish("retrain", result)
 
 
 if __name__ == "__main__":

@@ -41,7 +41,11 @@ from typing import Any
 import httpx
 import numpy as np
 
+# the repository (when run as a script) and this directory (when imported as bench.rollout)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from publish import publish
 
 from pipelines.config import TrainConfig
 from pipelines.data.schema import RawDataset
@@ -770,10 +774,7 @@ def main() -> int:
     line = json.loads(json.dumps(record))
     if "aa" in line["scenarios"]:
         line["scenarios"]["aa"].pop("arms")
-    results = Path(__file__).resolve().parent / "results"
-    results.mkdir(exist_ok=True)
-    (results / "rollout.json").write_text(json.dumps(record, indent=2, sort_keys=True))
-    print(json.dumps(line, sort_keys=True))
+    publish("rollout", record, line)
     return 0 if record["all_ok"] else 1
 
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import signal
@@ -52,6 +51,7 @@ from openloop import (
     search_rate,
     triton_processes,
 )
+from publish import publish
 from serving_floor import compute_floor
 from serving_release import CATALOGS, RESULTS, ROOT, ensure_release, user_ids
 
@@ -337,9 +337,7 @@ def main() -> None:
         "cpu_to_floor_ratio": main_catalog["cpu_to_floor_ratio"],
         "catalogs": catalogs,
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "serving.json").write_text(json.dumps(result, indent=2))
-    print(json.dumps(result), flush=True)
+    publish("serving", result)
 
 
 if __name__ == "__main__":

@@ -10,9 +10,10 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+from publish import RESULTS
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results"
+
 CATALOGS = {
     "movielens": ["--dataset", "movielens"],
     "synthetic": [

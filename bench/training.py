@@ -25,7 +25,6 @@ JSON object as its last line (also written to ``bench/results/training.json``).
 from __future__ import annotations
 
 import argparse
-import json
 import resource
 import tempfile
 import time
@@ -36,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from publish import publish
 from torch.utils.data import DataLoader, Dataset
 
 from pipelines.config import TrainConfig
@@ -294,10 +294,7 @@ def main() -> None:
         **results,
         "peak_rss_mb": round(peak_mb),
     }
-    out = Path(__file__).parent / "results"
-    out.mkdir(exist_ok=True)
-    (out / "training.json").write_text(json.dumps(record, indent=2))
-    print(json.dumps(record))
+    publish("training", record)
 
 
 if __name__ == "__main__":
