@@ -19,7 +19,6 @@ with more cores, raise ``--workers``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import tempfile
@@ -27,6 +26,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
+
+from publish import publish
 
 # TrainConfig overrides of each variant; "default" is the shipped configuration.
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -40,6 +41,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "two_tower_hidden": 512,
         "user_id_dropout": 0.5,
     },
+    "hidden512_dim256": {"two_tower_hidden": 512, "two_tower_dim": 256},
+    "hidden512_dim256_t0.25": {"two_tower_hidden": 512, "two_tower_dim": 256, "temperature": 0.25},
+    "hidden1024_dim256": {"two_tower_hidden": 1024, "two_tower_dim": 256},
 }
 PROTOCOLS = ("global", "per_user")
 
@@ -182,10 +186,7 @@ def main() -> None:
         "runs": runs,
         "seconds": round(time.perf_counter() - started, 1),
     }
-    out = Path(__file__).parent / "results"
-    out.mkdir(exist_ok=True)
-    (out / "retriever_variants.json").write_text(json.dumps(record, indent=2))
-    print(json.dumps(record))
+    publish("retriever_variants", record)
 
 
 if __name__ == "__main__":
