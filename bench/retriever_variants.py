@@ -8,8 +8,8 @@ NDCG@10 (what model selection sees) and of test NDCG@10, and each variant's test
 a ratio to EASE's measured in the same run (>= 1 means the variant beats EASE).
 
 Prints a table, then one JSON object as its last line (also ``bench/results/
-retriever_variants.json``). On 2 cores the default run takes about 25 minutes; on a machine
-with more cores, raise ``--workers``.
+retriever_variants.json``). On 2 cores all the variants take about an hour (choose some with
+``--variants``); on a machine with more cores, raise ``--workers``.
 
     python bench/retriever_variants.py                # seeds 0 1 2, both protocols
     python bench/retriever_variants.py --quick        # seed 0, global split, 3 epochs
