@@ -34,8 +34,6 @@ from services.embedding_cache.backing import RedisRows
 from services.embedding_cache.cache import CacheConfig, HierarchicalEmbeddingCache
 from services.local_redis import start_redis_server
 
-RESULTS = Path(__file__).resolve().parent / "results"
-
 
 def zipf_stream(alpha: float, rows: int, batches: int, batch: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
