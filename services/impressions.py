@@ -64,6 +64,7 @@ class ImpressionLog:
         # request_id -> model version of the sets queued or being written: a click that
         # arrives before its impression set reached the store is still attributed
         self._pending: dict[str, int] = {}
+        self._batches_in_flight = 0  # taken off the queue, not yet written or dropped
 
     def record(self, record: dict[str, str], served: Container[int]) -> None:
         """Queue one impression set; never blocks, never raises."""
@@ -84,6 +85,7 @@ class ImpressionLog:
         return self._pending.get(request_id)
 
     async def _write(self, batch: list[dict[str, str]]) -> None:
+        self._batches_in_flight += 1
         try:
             await asyncio.wait_for(
                 self.store.append_impressions(
@@ -95,6 +97,7 @@ class ImpressionLog:
             IMPRESSIONS_DROPPED.labels(reason="store_error").inc(len(batch))
             log.debug("impression batch of %d not logged: %r", len(batch), error)
         finally:
+            self._batches_in_flight -= 1
             for record in batch:
                 self._pending.pop(record["request_id"], None)
 
@@ -112,9 +115,14 @@ class ImpressionLog:
         self._background.start(self._run())
 
     async def flush(self) -> None:
-        """Write what is queued now (shutdown, tests)."""
+        """Write what is queued now and wait for the batch the background writer holds, so
+        that every answer given before the call is in the store (or counted as dropped) when
+        it returns (shutdown, tests). Waits at most the write timeout for that batch."""
         while not self._queue.empty():
             await self._write(self._take_batch(self._queue.get_nowait()))
+        deadline = time.monotonic() + self.timeout_s
+        while self._batches_in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
 
     async def close(self) -> None:
         await self._background.stop()

@@ -122,3 +122,24 @@ async def test_a_failing_store_drops_and_counts_without_failing_requests() -> No
         await asyncio.sleep(0.01)
     await log.close()
     assert _value("cascade_impressions_dropped_total", reason="store_error") == before + 4
+
+
+class _SlowStore(InMemoryStore):
+    async def append_impressions(self, records: object, max_len: int, ttl_s: int) -> None:
+        await asyncio.sleep(0.2)
+        await super().append_impressions(records, max_len, ttl_s)  # type: ignore[arg-type]
+
+
+async def test_flush_waits_for_the_batch_the_writer_holds() -> None:
+    """A flush that only drained the queue returned while the background writer was still
+    writing the set it had taken: a reader right after it missed that set."""
+    store = _SlowStore()
+    log = ImpressionLog(store, ImpressionSettings())
+    log.start()
+    log.record(impression_record("c" * 32, 1, 1, np.arange(3), np.ones(3)), {1})
+    await asyncio.sleep(0.05)  # the writer has taken the set and is writing it
+    assert log.pending_version("c" * 32) == 1
+    assert await store.read_stream("impressions") == []
+    await log.flush()
+    assert [f["request_id"] for _, f in await store.read_stream("impressions")] == ["c" * 32]
+    await log.close()
