@@ -18,7 +18,12 @@ it measures
   stub, redis) from /proc/<pid>/stat at a fixed rate (``--cpu-rate``), with the load
   generator's own CPU reported and excluded;
 - the compute floor in the same run: the stages' numeric work in one tight loop
-  (bench/serving_floor.py), and the ratio of the servers' CPU to it.
+  (bench/serving_floor.py), and the ratio of the servers' CPU to it;
+- the HTTP floor: a bare ASGI app with a fixed answer of the same shape, on the gateway's
+  uvicorn options (bench/http_floor.py), driven by the same load generator;
+- the capacity budget per configuration: the CPU-ms per request the cores give at the
+  target rate (600 requests/s embedded, 500 full), less the compute floor, the load
+  generator and the bare HTTP server, and the rates at which the cores would be saturated.
 
 It stops everything it started. Progress goes to stdout line by line; the last line is one
 JSON object (also written to bench/results/serving.json).
@@ -42,6 +47,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
+from http_floor import measure as measure_http_floor
 from openloop import (
     Probe,
     ProcessGroup,
@@ -58,6 +64,7 @@ from serving_release import CATALOGS, RESULTS, ROOT, ensure_release, user_ids
 from services.local_redis import free_port, start_redis_server
 
 CONFIGS = ("embedded", "full")
+TARGET_RPS = {"embedded": 600.0, "full": 500.0}  # issue 12's targets at p99 <= 50 ms
 EMBEDDING_ROWS = {  # the ranker's environment in Triton, per --embedding-rows
     "auto": {},
     "cache": {"CASCADE_EMBEDDING_CACHE__IN_MEMORY_MAX_MB": "0"},
@@ -264,6 +271,35 @@ def run_catalog(name: str, args: argparse.Namespace) -> dict:
     }
 
 
+def capacity(catalog: dict, http: Probe, cores: int) -> dict[str, dict[str, float]]:
+    """Per configuration, what the machine's cores allow: the CPU-ms per request they give at
+    the target rate, what the compute floor, the load generator (measured on that
+    configuration's requests) and the bare HTTP server take of it, what is left for
+    everything else (the gateway's own work, Triton, Redis, and the idle time a p99 needs),
+    and two rates at which the cores would be fully busy: with the stack as measured, and
+    with nothing but the floor, the load generator and the bare HTTP server."""
+    floor = catalog["floor_cpu_ms_per_request"]
+    http_ms = http.cpu_ms_per_request["http_server"]
+    out = {}
+    for config, run in catalog["runs"].items():
+        measured = run["cpu_ms_per_request"]
+        generator = measured["load_generator"]
+        budget = cores * 1000 / TARGET_RPS[config]
+        out[config] = {
+            "target_rps": TARGET_RPS[config],
+            "cpu_ms_per_request_at_target": round(budget, 3),
+            "floor": floor,
+            "load_generator": generator,
+            "bare_http_server": http_ms,
+            "left_for_the_rest": round(budget - floor - generator - http_ms, 3),
+            "saturation_rps_as_measured": round(
+                cores * 1000 / (measured["servers_total"] + generator), 1
+            ),
+            "saturation_rps_no_overhead": round(cores * 1000 / (floor + generator + http_ms), 1),
+        }
+    return out
+
+
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
     """The module docstring as written, and every option's default."""
 
@@ -312,6 +348,12 @@ def main() -> None:
         args.probe_s, args.cpu_s, args.bisections = 3.0, 4.0, 2
         args.search_s, args.floor_requests = 40.0, 300
     catalogs = [run_catalog(name, args) for name in args.catalogs]
+    log(f"HTTP floor: a bare ASGI app on the gateway's uvicorn options at {args.cpu_rate:g} req/s")
+    http = measure_http_floor(args.cpu_rate, args.cpu_s, wait_for, stop)
+    log(f"  bare HTTP server: CPU-ms per request {http.cpu_ms_per_request}, p99 {http.p99_ms} ms")
+    cores = os.cpu_count() or 1
+    for catalog in catalogs:
+        catalog["capacity"] = capacity(catalog, http, cores)
     for catalog in catalogs:
         for config, run in catalog["runs"].items():
             log(
@@ -320,6 +362,15 @@ def main() -> None:
                 f"= {catalog['cpu_to_floor_ratio'][config]}x the floor "
                 f"({catalog['floor_cpu_ms_per_request']}); load generator "
                 f"{run['cpu_ms_per_request']['load_generator']} CPU-ms/req (excluded)"
+            )
+            room = catalog["capacity"][config]
+            log(
+                f"{catalog['catalog']:>9} {config:>8}: at {room['target_rps']:g} req/s {cores} "
+                f"cores give {room['cpu_ms_per_request_at_target']:.2f} CPU-ms/req; floor "
+                f"{room['floor']} + load generator {room['load_generator']} + bare HTTP "
+                f"{room['bare_http_server']} leave {room['left_for_the_rest']:.2f} for the rest; "
+                f"cores saturated at {room['saturation_rps_as_measured']} req/s as measured, "
+                f"{room['saturation_rps_no_overhead']} with no overhead at all"
             )
     main_catalog = catalogs[-1]
     result = {
@@ -335,6 +386,8 @@ def main() -> None:
         },
         "floor_cpu_ms_per_request": main_catalog["floor_cpu_ms_per_request"],
         "cpu_to_floor_ratio": main_catalog["cpu_to_floor_ratio"],
+        "bare_http": asdict(http),
+        "capacity": main_catalog["capacity"],
         "catalogs": catalogs,
     }
     publish("serving", result)
