@@ -44,6 +44,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "hidden512_dim256": {"two_tower_hidden": 512, "two_tower_dim": 256},
     "hidden512_dim256_t0.25": {"two_tower_hidden": 512, "two_tower_dim": 256, "temperature": 0.25},
     "hidden1024_dim256": {"two_tower_hidden": 1024, "two_tower_dim": 256},
+    "hidden1024_dim512": {"two_tower_hidden": 1024, "two_tower_dim": 512},
+    "hidden2048_dim512": {"two_tower_hidden": 2048, "two_tower_dim": 512},
 }
 PROTOCOLS = ("global", "per_user")
 
