@@ -64,7 +64,6 @@ class ImpressionLog:
         # request_id -> model version of the sets queued or being written: a click that
         # arrives before its impression set reached the store is still attributed
         self._pending: dict[str, int] = {}
-        self._batches_in_flight = 0  # taken off the queue, not yet written or dropped
 
     def record(self, record: dict[str, str], served: Container[int]) -> None:
         """Queue one impression set; never blocks, never raises."""
@@ -85,7 +84,6 @@ class ImpressionLog:
         return self._pending.get(request_id)
 
     async def _write(self, batch: list[dict[str, str]]) -> None:
-        self._batches_in_flight += 1
         try:
             await asyncio.wait_for(
                 self.store.append_impressions(
@@ -97,7 +95,6 @@ class ImpressionLog:
             IMPRESSIONS_DROPPED.labels(reason="store_error").inc(len(batch))
             log.debug("impression batch of %d not logged: %r", len(batch), error)
         finally:
-            self._batches_in_flight -= 1
             for record in batch:
                 self._pending.pop(record["request_id"], None)
 
@@ -121,7 +118,7 @@ class ImpressionLog:
         while not self._queue.empty():
             await self._write(self._take_batch(self._queue.get_nowait()))
         deadline = time.monotonic() + self.timeout_s
-        while self._batches_in_flight and time.monotonic() < deadline:
+        while self._pending and time.monotonic() < deadline:  # the writer's batch
             await asyncio.sleep(0.005)
 
     async def close(self) -> None:
