@@ -46,6 +46,43 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "hidden1024_dim256": {"two_tower_hidden": 1024, "two_tower_dim": 256},
     "hidden1024_dim512": {"two_tower_hidden": 1024, "two_tower_dim": 512},
     "hidden2048_dim512": {"two_tower_hidden": 2048, "two_tower_dim": 512},
+    "hidden1024_dim256_attention4": {
+        "two_tower_hidden": 1024,
+        "two_tower_dim": 256,
+        "two_tower_attention_heads": 4,
+    },
+    "hidden1024_dim256_ids64": {
+        "two_tower_hidden": 1024,
+        "two_tower_dim": 256,
+        "two_tower_user_feature_dim": 32,
+        "two_tower_item_feature_dim": 64,
+    },
+    "hidden1024_dim256_ids128": {
+        "two_tower_hidden": 1024,
+        "two_tower_dim": 256,
+        "two_tower_user_feature_dim": 64,
+        "two_tower_item_feature_dim": 128,
+    },
+    "hidden1024_dim256_ids64_skip": {
+        "two_tower_hidden": 1024,
+        "two_tower_dim": 256,
+        "two_tower_user_feature_dim": 32,
+        "two_tower_item_feature_dim": 64,
+        "two_tower_linear_skip": True,
+    },
+    "hidden1024_dim256_ids64_epochs60": {
+        "two_tower_hidden": 1024,
+        "two_tower_dim": 256,
+        "two_tower_user_feature_dim": 32,
+        "two_tower_item_feature_dim": 64,
+        "two_tower_epochs": 60,
+    },
+    "hidden1024_dim256_attention4_history100": {
+        "two_tower_hidden": 1024,
+        "two_tower_dim": 256,
+        "two_tower_attention_heads": 4,
+        "history_length": 100,
+    },
 }
 PROTOCOLS = ("global", "per_user")
 
@@ -86,6 +123,7 @@ def train_and_evaluate(work: str, variant: str, overrides: dict[str, Any]) -> di
     seed_everything(config.seed)
     data = RetrievalData.load(Path(work) / "retrieval.npz")
     started = time.perf_counter()
+    epochs: dict[str, Any] = {}
     if variant == "ease":
         ease, _ = train_ease(data, config, lambda line: None)
         assert ease is not None  # MovieLens is far below the EASE catalog limit
@@ -95,14 +133,18 @@ def train_and_evaluate(work: str, variant: str, overrides: dict[str, Any]) -> di
         model = build_two_tower(
             Workflow.load(Path(work) / "workflow"), data.item_dense.shape[1], config
         )
-        valid = kept_validation(train_two_tower(model, data, config, quiet=True))
+        curve = train_two_tower(model, data, config, quiet=True)
+        valid = kept_validation(curve)
         test = evaluate_two_tower(model, data)
+        kept = next(record["epoch"] for record in curve if record.get("best"))
+        epochs = {"kept_epoch": kept, "epochs_run": len(curve)}
     return {
         "variant": variant,
         "protocol": config.split_protocol,
         "seed": config.seed,
         "valid_ndcg@10": valid["ndcg@10"],
         "test_ndcg@10": test["ndcg@10"],
+        **epochs,
         "seconds": round(time.perf_counter() - started, 1),
     }
 

@@ -58,8 +58,29 @@ class TrainConfig(BaseModel):
     two_tower_history_dim: int = Field(
         32, ge=1, description="Embedding size of the history items in the query tower."
     )
+    two_tower_user_feature_dim: int = Field(
+        16, ge=1, description="Embedding size of each user id-feature in the query tower."
+    )
+    two_tower_item_feature_dim: int = Field(
+        32,
+        ge=1,
+        description="Embedding size of each item id-feature (and of the dense features' "
+        "projection) in the item tower.",
+    )
     two_tower_hidden: int = Field(
         128, ge=4, description="Width of the hidden layer of both towers' MLPs."
+    )
+    two_tower_attention_heads: int = Field(
+        0,
+        ge=0,
+        le=16,
+        description="Query tower: attention heads pooling the history (a learned weight per "
+        "item and per recency position) beside its mean; 0 = the mean only.",
+    )
+    two_tower_linear_skip: bool = Field(
+        False,
+        description="Both towers: a linear path from the inputs to the output beside the "
+        "MLP (wide & deep).",
     )
     two_tower_item_bias: bool = Field(
         True,

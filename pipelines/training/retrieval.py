@@ -53,16 +53,22 @@ def build_two_tower(workflow: Workflow, n_item_dense: int, config: TrainConfig) 
     query = QueryTower(
         [cardinality(workflow, c) for c in USER_TOWER_COLUMNS],
         n_items=cardinality(workflow, "item_id_idx"),
+        feature_dim=config.two_tower_user_feature_dim,
         history_dim=config.two_tower_history_dim,
         hidden=config.two_tower_hidden,
         out_dim=config.two_tower_dim,
+        attention_heads=config.two_tower_attention_heads,
+        history_length=config.history_length,
+        skip=config.two_tower_linear_skip,
     )
     item = ItemTower(
         [cardinality(workflow, c) for c in ITEM_TOWER_COLUMNS],
         n_item_dense,
+        feature_dim=config.two_tower_item_feature_dim,
         hidden=config.two_tower_hidden,
         out_dim=config.two_tower_dim,
         bias=config.two_tower_item_bias,
+        skip=config.two_tower_linear_skip,
     )
     return TwoTower(query, item, temperature=config.temperature)
 
