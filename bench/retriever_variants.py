@@ -70,6 +70,14 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "two_tower_item_feature_dim": 64,
         "two_tower_linear_skip": True,
     },
+    "hidden1024_dim256_ids64_skip_epochs60": {
+        "two_tower_hidden": 1024,
+        "two_tower_dim": 256,
+        "two_tower_user_feature_dim": 32,
+        "two_tower_item_feature_dim": 64,
+        "two_tower_linear_skip": True,
+        "two_tower_epochs": 60,
+    },
     "hidden1024_dim256_ids64_epochs60": {
         "two_tower_hidden": 1024,
         "two_tower_dim": 256,

@@ -33,19 +33,11 @@ def _mlp(sizes: list[int]) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
-class Tower(nn.Module):
-    """An MLP from a tower's concatenated inputs to its output, plus (with ``skip``) a linear
-    path from the same inputs (wide & deep): a linear function of the embeddings need not be
-    learned through the hidden layer."""
-
-    def __init__(self, n_in: int, hidden: int, n_out: int, skip: bool) -> None:
-        super().__init__()
-        self.mlp = _mlp([n_in, hidden, n_out])
-        self.skip = nn.Linear(n_in, n_out, bias=False) if skip else None
-
-    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        out = self.mlp(inputs)
-        return out if self.skip is None else out + self.skip(inputs)
+def _mlp_and_skip(mlp: nn.Module, skip: nn.Module | None, inputs: torch.Tensor) -> torch.Tensor:
+    """A tower's MLP, plus (with ``skip``, wide & deep) a linear path from the same inputs:
+    a linear function of the embeddings need not be learned through the hidden layer."""
+    out = mlp(inputs)
+    return out if skip is None else out + skip(inputs)
 
 
 class HistoryAttention(nn.Module):
@@ -99,7 +91,9 @@ class QueryTower(nn.Module):
             else None
         )
         pooled = history_dim * (1 + attention_heads)
-        self.mlp = Tower(feature_dim * len(cardinalities) + pooled, hidden, out_dim, skip)
+        n_in = feature_dim * len(cardinalities) + pooled
+        self.mlp = _mlp([n_in, hidden, out_dim])
+        self.skip = nn.Linear(n_in, out_dim, bias=False) if skip else None
 
     def forward(self, user_features: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
         parts = [table(user_features[:, j]) for j, table in enumerate(self.features)]
@@ -109,7 +103,7 @@ class QueryTower(nn.Module):
         parts.append((embedded * mask).sum(1) / mask.sum(1).clamp(min=1.0))
         if self.attention is not None:
             parts.append(self.attention(embedded, present))
-        return F.normalize(self.mlp(torch.cat(parts, dim=1)), dim=-1)
+        return F.normalize(_mlp_and_skip(self.mlp, self.skip, torch.cat(parts, dim=1)), dim=-1)
 
 
 class ItemTower(nn.Module):
@@ -132,14 +126,17 @@ class ItemTower(nn.Module):
         super().__init__()
         self.features = nn.ModuleList(embedding(n, feature_dim) for n in cardinalities)
         self.dense = nn.Linear(n_dense, feature_dim)
-        self.mlp = Tower(feature_dim * (len(cardinalities) + 1), hidden, out_dim, skip)
+        n_in = feature_dim * (len(cardinalities) + 1)
+        self.mlp = _mlp([n_in, hidden, out_dim])
+        self.skip = nn.Linear(n_in, out_dim, bias=False) if skip else None
         self.bias = embedding(cardinalities[0], 1) if bias else None
         if self.bias is not None:
             nn.init.zeros_(self.bias.weight)
 
     def forward(self, item_features: torch.Tensor, item_dense: torch.Tensor) -> torch.Tensor:
         parts = [table(item_features[:, j]) for j, table in enumerate(self.features)]
-        return F.normalize(self.mlp(torch.cat([*parts, self.dense(item_dense)], dim=1)), dim=-1)
+        inputs = torch.cat([*parts, self.dense(item_dense)], dim=1)
+        return F.normalize(_mlp_and_skip(self.mlp, self.skip, inputs), dim=-1)
 
     def bias_of(self, item_features: torch.Tensor) -> torch.Tensor | None:
         """``[B]`` logit bias of each item (None without a bias)."""

@@ -157,3 +157,17 @@ def test_query_tower_with_attention_heads_ignores_padding() -> None:
     assert torch.allclose(short.norm(dim=1), torch.ones(1))
     torch.testing.assert_close(short, query(features, torch.tensor([[0, 0, 0, 4, 3]])))
     assert not torch.allclose(short, query(features, torch.tensor([[0, 0, 0, 3, 4]])))
+
+
+def test_linear_skip_adds_a_linear_path_beside_the_mlp() -> None:
+    torch.manual_seed(0)
+    item = ItemTower([20], n_dense=2, hidden=8, out_dim=4, skip=True)
+    assert item.skip is not None
+    features, dense = torch.tensor([[3], [7]]), torch.randn(2, 2)
+    for parameter in item.mlp.parameters():  # without the MLP, the tower is the linear path
+        torch.nn.init.zeros_(parameter)
+    inputs = torch.cat([item.features[0](features[:, 0]), item.dense(dense)], dim=1)
+    expected = torch.nn.functional.normalize(inputs @ item.skip.weight.T, dim=-1)
+    torch.testing.assert_close(item(features, dense), expected)
+    assert ItemTower([20], n_dense=2).skip is None
+    assert QueryTower([5], n_items=20, skip=True).skip is not None
