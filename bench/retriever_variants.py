@@ -46,11 +46,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "hidden1024_dim256": {"two_tower_hidden": 1024, "two_tower_dim": 256},
     "hidden1024_dim512": {"two_tower_hidden": 1024, "two_tower_dim": 512},
     "hidden2048_dim512": {"two_tower_hidden": 2048, "two_tower_dim": 512},
-    "hidden1024_dim256_attention4": {
-        "two_tower_hidden": 1024,
-        "two_tower_dim": 256,
-        "two_tower_attention_heads": 4,
-    },
     "hidden1024_dim256_ids64": {
         "two_tower_hidden": 1024,
         "two_tower_dim": 256,
@@ -77,19 +72,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "two_tower_item_feature_dim": 64,
         "two_tower_linear_skip": True,
         "two_tower_epochs": 60,
-    },
-    "hidden1024_dim256_ids64_epochs60": {
-        "two_tower_hidden": 1024,
-        "two_tower_dim": 256,
-        "two_tower_user_feature_dim": 32,
-        "two_tower_item_feature_dim": 64,
-        "two_tower_epochs": 60,
-    },
-    "hidden1024_dim256_attention4_history100": {
-        "two_tower_hidden": 1024,
-        "two_tower_dim": 256,
-        "two_tower_attention_heads": 4,
-        "history_length": 100,
     },
 }
 PROTOCOLS = ("global", "per_user")

@@ -70,13 +70,6 @@ class TrainConfig(BaseModel):
     two_tower_hidden: int = Field(
         128, ge=4, description="Width of the hidden layer of both towers' MLPs."
     )
-    two_tower_attention_heads: int = Field(
-        0,
-        ge=0,
-        le=16,
-        description="Query tower: attention heads pooling the history (a learned weight per "
-        "item and per recency position) beside its mean; 0 = the mean only.",
-    )
     two_tower_linear_skip: bool = Field(
         False,
         description="Both towers: a linear path from the inputs to the output beside the "

@@ -15,7 +15,6 @@ Two losses, chosen by catalog size (``pipelines.training.retrieval``):
 from __future__ import annotations
 
 import itertools
-import math
 
 import torch
 import torch.nn.functional as F
@@ -40,35 +39,10 @@ def _mlp_and_skip(mlp: nn.Module, skip: nn.Module | None, inputs: torch.Tensor) 
     return out if skip is None else out + skip(inputs)
 
 
-class HistoryAttention(nn.Module):
-    """Attention pooling over the history, one weighted mean per head.
-
-    Each head scores an entry by its embedding (a learned query vector, the same for every
-    user: the query tower must not see the item it predicts) plus a learned bias per
-    position (recency: the history ends with the most recent item); padding gets no weight.
-    Everything starts at zero, so every head starts as the plain mean of the history."""
-
-    def __init__(self, dim: int, length: int, heads: int) -> None:
-        super().__init__()
-        self.scorer = nn.Linear(dim, heads, bias=False)
-        nn.init.zeros_(self.scorer.weight)
-        self.position = nn.Parameter(torch.zeros(length, heads))
-        self.scale = 1.0 / math.sqrt(dim)
-
-    def forward(self, embedded: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
-        """``embedded`` ``[B, L, d]``, ``present`` ``[B, L]`` (False = padding) -> ``[B, heads*d]``."""
-        scores = self.scorer(embedded) * self.scale + self.position[-embedded.shape[1] :]
-        # finite, so that an all-padding history gets weights of 0, not NaN
-        scores = scores.masked_fill(~present[..., None], -1e9)
-        weights = torch.softmax(scores, dim=1) * present[..., None].to(scores.dtype)
-        return torch.einsum("blh,bld->bhd", weights, embedded).flatten(1)
-
-
 class QueryTower(nn.Module):
     """User ids ``[B, n_features]`` + history item ids ``[B, L]`` (0 = padding) -> unit vector.
 
-    The history is pooled by its mean and, with ``attention_heads`` > 0, also by that many
-    attention heads (``HistoryAttention``, for histories of at most ``history_length``)."""
+    The history is pooled by its mean; ``skip`` adds a linear path beside the MLP."""
 
     def __init__(
         self,
@@ -78,31 +52,19 @@ class QueryTower(nn.Module):
         history_dim: int = 32,
         hidden: int = 128,
         out_dim: int = 64,
-        attention_heads: int = 0,
-        history_length: int = 20,
         skip: bool = False,
     ) -> None:
         super().__init__()
         self.features = nn.ModuleList(embedding(n, feature_dim) for n in cardinalities)
         self.history = embedding(n_items, history_dim, padding_idx=0)
-        self.attention = (
-            HistoryAttention(history_dim, history_length, attention_heads)
-            if attention_heads > 0
-            else None
-        )
-        pooled = history_dim * (1 + attention_heads)
-        n_in = feature_dim * len(cardinalities) + pooled
+        n_in = feature_dim * len(cardinalities) + history_dim
         self.mlp = _mlp([n_in, hidden, out_dim])
         self.skip = nn.Linear(n_in, out_dim, bias=False) if skip else None
 
     def forward(self, user_features: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
         parts = [table(user_features[:, j]) for j, table in enumerate(self.features)]
-        present = history > 0
-        embedded = self.history(history)
-        mask = present.unsqueeze(-1).to(embedded.dtype)
-        parts.append((embedded * mask).sum(1) / mask.sum(1).clamp(min=1.0))
-        if self.attention is not None:
-            parts.append(self.attention(embedded, present))
+        mask = (history > 0).unsqueeze(-1).to(self.history.weight.dtype)
+        parts.append((self.history(history) * mask).sum(1) / mask.sum(1).clamp(min=1.0))
         return F.normalize(_mlp_and_skip(self.mlp, self.skip, torch.cat(parts, dim=1)), dim=-1)
 
 

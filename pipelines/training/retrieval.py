@@ -57,8 +57,6 @@ def build_two_tower(workflow: Workflow, n_item_dense: int, config: TrainConfig) 
         history_dim=config.two_tower_history_dim,
         hidden=config.two_tower_hidden,
         out_dim=config.two_tower_dim,
-        attention_heads=config.two_tower_attention_heads,
-        history_length=config.history_length,
         skip=config.two_tower_linear_skip,
     )
     item = ItemTower(

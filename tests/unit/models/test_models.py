@@ -5,7 +5,7 @@ import torch
 
 from pipelines.errors import ConfigError
 from pipelines.models.dlrm import DLRM
-from pipelines.models.two_tower import HistoryAttention, ItemTower, QueryTower, TwoTower
+from pipelines.models.two_tower import ItemTower, QueryTower, TwoTower
 
 
 def test_dlrm_shapes_and_dense_part_matches_full_model() -> None:
@@ -117,46 +117,6 @@ def test_without_a_bias_the_served_vectors_are_the_towers() -> None:
         model.served_query()(features, history), model.query(features, history)
     )
     torch.testing.assert_close(model.served_items(items, dense), model.item(items, dense))
-
-
-def test_history_attention_starts_as_the_mean_and_ignores_padding() -> None:
-    torch.manual_seed(0)
-    attention = HistoryAttention(dim=4, length=5, heads=3)
-    embedded = torch.randn(2, 5, 4)
-    present = torch.tensor([[False, False, True, True, True], [False] * 5])
-    pooled = attention(embedded, present)
-    assert pooled.shape == (2, 12)
-    mean = embedded[0, 2:].mean(0)
-    torch.testing.assert_close(pooled[0], mean.repeat(3))
-    # an empty history pools to zeros, not NaN
-    torch.testing.assert_close(pooled[1], torch.zeros(12))
-    # whatever sits in a padded slot has no weight, even once the heads have learned
-    torch.nn.init.normal_(attention.scorer.weight)
-    torch.nn.init.normal_(attention.position)
-    changed = embedded.clone()
-    changed[0, :2] = 100.0
-    torch.testing.assert_close(attention(embedded, present), attention(changed, present))
-
-
-def test_history_attention_position_bias_weights_the_recent_entries() -> None:
-    attention = HistoryAttention(dim=2, length=3, heads=1)
-    with torch.no_grad():
-        attention.position[:, 0] = torch.tensor([-30.0, -30.0, 0.0])  # only the last counts
-    embedded = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [5.0, 7.0]]])
-    pooled = attention(embedded, torch.ones(1, 3, dtype=torch.bool))
-    torch.testing.assert_close(pooled, torch.tensor([[5.0, 7.0]]), atol=1e-6, rtol=0)
-
-
-def test_query_tower_with_attention_heads_ignores_padding() -> None:
-    torch.manual_seed(0)
-    query = QueryTower([5, 5], n_items=20, attention_heads=2, history_length=5)
-    torch.nn.init.normal_(query.attention.scorer.weight)
-    torch.nn.init.normal_(query.attention.position)
-    features = torch.tensor([[1, 2]])
-    short = query(features, torch.tensor([[0, 4, 3]]))
-    assert torch.allclose(short.norm(dim=1), torch.ones(1))
-    torch.testing.assert_close(short, query(features, torch.tensor([[0, 0, 0, 4, 3]])))
-    assert not torch.allclose(short, query(features, torch.tensor([[0, 0, 0, 3, 4]])))
 
 
 def test_linear_skip_adds_a_linear_path_beside_the_mlp() -> None:
