@@ -217,6 +217,26 @@ def test_reported_validation_metrics_are_those_of_the_kept_weights(
     assert sum(1 for record in curve if record.get("best")) == 1
 
 
+def test_two_tower_options_shape_the_built_towers(run: tuple[Path, Path, str]) -> None:
+    from pipelines.config import TrainConfig
+    from pipelines.prepare import RetrievalData
+    from pipelines.training.retrieval import build_two_tower
+
+    work, _, _ = run
+    data = RetrievalData.load(work / "retrieval.npz")
+    workflow = Workflow.load(work / "workflow")
+    plain = build_two_tower(workflow, data.item_dense.shape[1], TrainConfig())
+    assert plain.query.skip is None and plain.item.skip is None
+    config = TrainConfig(
+        two_tower_user_feature_dim=8, two_tower_item_feature_dim=24, two_tower_linear_skip=True
+    )
+    model = build_two_tower(workflow, data.item_dense.shape[1], config)
+    assert all(table.embedding_dim == 8 for table in model.query.features)
+    assert all(table.embedding_dim == 24 for table in model.item.features)
+    assert model.query.skip is not None and model.item.skip is not None
+    assert model.item.skip.out_features == config.two_tower_dim
+
+
 def test_a_partial_run_saves_its_results_and_says_what_the_report_waits_for(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
