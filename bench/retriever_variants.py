@@ -58,6 +58,11 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "two_tower_user_feature_dim": 64,
         "two_tower_item_feature_dim": 128,
     },
+    "hidden1024_dim256_skip": {
+        "two_tower_hidden": 1024,
+        "two_tower_dim": 256,
+        "two_tower_linear_skip": True,
+    },
     "hidden1024_dim256_ids64_skip": {
         "two_tower_hidden": 1024,
         "two_tower_dim": 256,
