@@ -30,6 +30,8 @@ from typing import Any
 from publish import publish
 
 # TrainConfig overrides of each variant; "default" is the shipped configuration.
+WIDE = {"two_tower_hidden": 1024, "two_tower_dim": 256}  # the widest that paid
+IDS64 = {"two_tower_user_feature_dim": 32, "two_tower_item_feature_dim": 64}
 VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
     "no_item_bias": {"two_tower_item_bias": False},
@@ -43,38 +45,20 @@ VARIANTS: dict[str, dict[str, Any]] = {
     },
     "hidden512_dim256": {"two_tower_hidden": 512, "two_tower_dim": 256},
     "hidden512_dim256_t0.25": {"two_tower_hidden": 512, "two_tower_dim": 256, "temperature": 0.25},
-    "hidden1024_dim256": {"two_tower_hidden": 1024, "two_tower_dim": 256},
+    "hidden1024_dim256": WIDE,
     "hidden1024_dim512": {"two_tower_hidden": 1024, "two_tower_dim": 512},
     "hidden2048_dim512": {"two_tower_hidden": 2048, "two_tower_dim": 512},
-    "hidden1024_dim256_ids64": {
-        "two_tower_hidden": 1024,
-        "two_tower_dim": 256,
-        "two_tower_user_feature_dim": 32,
-        "two_tower_item_feature_dim": 64,
-    },
+    "hidden1024_dim256_ids64": {**WIDE, **IDS64},
     "hidden1024_dim256_ids128": {
-        "two_tower_hidden": 1024,
-        "two_tower_dim": 256,
+        **WIDE,
         "two_tower_user_feature_dim": 64,
         "two_tower_item_feature_dim": 128,
     },
-    "hidden1024_dim256_skip": {
-        "two_tower_hidden": 1024,
-        "two_tower_dim": 256,
-        "two_tower_linear_skip": True,
-    },
-    "hidden1024_dim256_ids64_skip": {
-        "two_tower_hidden": 1024,
-        "two_tower_dim": 256,
-        "two_tower_user_feature_dim": 32,
-        "two_tower_item_feature_dim": 64,
-        "two_tower_linear_skip": True,
-    },
+    "hidden1024_dim256_skip": {**WIDE, "two_tower_linear_skip": True},
+    "hidden1024_dim256_ids64_skip": {**WIDE, **IDS64, "two_tower_linear_skip": True},
     "hidden1024_dim256_ids64_skip_epochs60": {
-        "two_tower_hidden": 1024,
-        "two_tower_dim": 256,
-        "two_tower_user_feature_dim": 32,
-        "two_tower_item_feature_dim": 64,
+        **WIDE,
+        **IDS64,
         "two_tower_linear_skip": True,
         "two_tower_epochs": 60,
     },
@@ -109,6 +93,7 @@ def train_and_evaluate(work: str, variant: str, overrides: dict[str, Any]) -> di
     from pipelines.training.retrieval import (
         build_two_tower,
         evaluate_two_tower,
+        kept_record,
         kept_validation,
         train_two_tower,
     )
@@ -131,8 +116,7 @@ def train_and_evaluate(work: str, variant: str, overrides: dict[str, Any]) -> di
         curve = train_two_tower(model, data, config, quiet=True)
         valid = kept_validation(curve)
         test = evaluate_two_tower(model, data)
-        kept = next(record["epoch"] for record in curve if record.get("best"))
-        epochs = {"kept_epoch": kept, "epochs_run": len(curve)}
+        epochs = {"kept_epoch": kept_record(curve)["epoch"], "epochs_run": len(curve)}
     return {
         "variant": variant,
         "protocol": config.split_protocol,

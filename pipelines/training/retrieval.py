@@ -246,9 +246,14 @@ def evaluate_two_tower(
     return evaluate_split(two_tower_scores(model, data), data, split, max_users)
 
 
+def kept_record(curve: list[dict[str, float]]) -> dict[str, float]:
+    """The record of the epoch whose weights early stopping kept."""
+    return next(record for record in curve if record.get("best"))
+
+
 def kept_validation(curve: list[dict[str, float]]) -> dict[str, float]:
     """The validation metrics of the epoch whose weights early stopping kept."""
-    kept = next(record for record in curve if record.get("best"))
+    kept = kept_record(curve)
     return {k.removeprefix("valid_"): v for k, v in kept.items() if k.startswith("valid_")}
 
 
