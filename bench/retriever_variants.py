@@ -56,6 +56,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     },
     "hidden1024_dim256_skip": {**WIDE, "two_tower_linear_skip": True},
     "hidden1024_dim256_ids64_skip": {**WIDE, **IDS64, "two_tower_linear_skip": True},
+    "hidden1024_dim256_ensemble2": {**WIDE, "two_tower_ensemble": 2},
+    "hidden1024_dim256_ensemble3": {**WIDE, "two_tower_ensemble": 3},
     "hidden1024_dim256_ids64_skip_epochs60": {
         **WIDE,
         **IDS64,
@@ -87,6 +89,7 @@ def train_and_evaluate(work: str, variant: str, overrides: dict[str, Any]) -> di
     from pipelines.config import TrainConfig
     from pipelines.evaluation.protocol import evaluate_split
     from pipelines.features.workflow import Workflow
+    from pipelines.models.two_tower_ensemble import TwoTowerEnsemble
     from pipelines.prepare import RetrievalData
     from pipelines.training.baselines import train_ease
     from pipelines.training.loop import seed_everything
@@ -94,8 +97,9 @@ def train_and_evaluate(work: str, variant: str, overrides: dict[str, Any]) -> di
         build_two_tower,
         evaluate_two_tower,
         kept_record,
-        kept_validation,
-        train_two_tower,
+        retriever_validation,
+        train_retriever,
+        two_tower_scores,
     )
 
     torch.set_num_threads(1)
@@ -103,7 +107,7 @@ def train_and_evaluate(work: str, variant: str, overrides: dict[str, Any]) -> di
     seed_everything(config.seed)
     data = RetrievalData.load(Path(work) / "retrieval.npz")
     started = time.perf_counter()
-    epochs: dict[str, Any] = {}
+    details: dict[str, Any] = {}  # a two-tower's kept epochs (and an ensemble's members)
     if variant == "ease":
         ease, _ = train_ease(data, config, lambda line: None)
         assert ease is not None  # MovieLens is far below the EASE catalog limit
@@ -113,17 +117,25 @@ def train_and_evaluate(work: str, variant: str, overrides: dict[str, Any]) -> di
         model = build_two_tower(
             Workflow.load(Path(work) / "workflow"), data.item_dense.shape[1], config
         )
-        curve = train_two_tower(model, data, config, quiet=True)
-        valid = kept_validation(curve)
-        test = evaluate_two_tower(model, data)
-        epochs = {"kept_epoch": kept_record(curve)["epoch"], "epochs_run": len(curve)}
+        curves = train_retriever(model, data, config, quiet=True)
+        scores = two_tower_scores(model, data)
+        valid = retriever_validation(curves, scores, data, config)
+        test = evaluate_split(scores, data, "test")
+        if isinstance(model, TwoTowerEnsemble):  # what each member alone would have given
+            details["member_test_ndcg@10"] = [
+                evaluate_two_tower(member, data)["ndcg@10"] for member in model.towers()
+            ]
+        details |= {
+            "kept_epoch": [kept_record(curve)["epoch"] for curve in curves.values()],
+            "epochs_run": [len(curve) for curve in curves.values()],
+        }
     return {
         "variant": variant,
         "protocol": config.split_protocol,
         "seed": config.seed,
         "valid_ndcg@10": valid["ndcg@10"],
         "test_ndcg@10": test["ndcg@10"],
-        **epochs,
+        **details,
         "seconds": round(time.perf_counter() - started, 1),
     }
 
@@ -143,8 +155,19 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float
                 "test_ndcg@10": round(statistics.mean(test), 4),
                 "test_std": round(statistics.stdev(test), 4) if len(test) > 1 else 0.0,
             }
+            members = [
+                value
+                for r in mine
+                if r["variant"] == variant
+                for value in r.get("member_test_ndcg@10", [])
+            ]
+            if members:  # an ensemble: its members' mean alone, over seeds and members
+                rows[variant]["member_test_ndcg@10"] = round(statistics.mean(members), 4)
+        ease = rows["ease"]["test_ndcg@10"]
         for row in rows.values():
-            row["test_over_ease"] = round(row["test_ndcg@10"] / rows["ease"]["test_ndcg@10"], 3)
+            row["test_over_ease"] = round(row["test_ndcg@10"] / ease, 3)
+            if "member_test_ndcg@10" in row:
+                row["member_test_over_ease"] = round(row["member_test_ndcg@10"] / ease, 3)
         summary[protocol] = rows
     return summary
 
@@ -200,6 +223,8 @@ def main() -> None:
                 f" ± {row['test_std']:.4f}  test/EASE {row['test_over_ease']:.3f}"
                 f"  ({row['seeds']} seeds)"
             )
+            if "member_test_over_ease" in row:
+                print(f"  {'':<16} its members alone: test/EASE {row['member_test_over_ease']:.3f}")
     record = {
         "benchmark": "retriever_variants",
         "seeds": args.seeds,

@@ -80,6 +80,15 @@ class TrainConfig(BaseModel):
         description="A learned per-item bias on the two-tower's logits (a popularity prior); "
         "served as one more dimension of the query and item vectors.",
     )
+    two_tower_ensemble: int = Field(
+        1,
+        ge=1,
+        le=16,
+        description="Train this many two-towers apart (own initialisation and batch order) "
+        "and serve the sum of their logits as one two-tower: query and item vectors are the "
+        "members' side by side, so vectors and the ANN index are this many times wider and "
+        "training takes this many times longer.",
+    )
     temperature: float = Field(
         0.2,
         gt=0,

@@ -210,6 +210,14 @@ def _settings(args: argparse.Namespace, **overrides: Any) -> Any:
     return Settings(**overrides)
 
 
+def _materialize_args(argv: list[str]) -> argparse.Namespace:
+    """``cascade materialize``'s arguments as its own parser reads ``argv``: every option it
+    has gets its default (``serve --materialize`` runs it without spelling them out)."""
+    parser = argparse.ArgumentParser(prog="cascade")
+    _materialize_parser(parser.add_subparsers())
+    return parser.parse_args(["materialize", *argv])
+
+
 def _run_materialize(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -294,7 +302,8 @@ def _run_serve(args: argparse.Namespace) -> int:
     # `finally` below, so the Triton server this command started is stopped too
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     if args.materialize:  # first: the ranker (in Triton or in process) loads rows from Redis
-        _run_materialize(argparse.Namespace(artifacts=args.artifacts, version=None, redis_url=None))
+        given = ["--artifacts", str(args.artifacts)] if args.artifacts is not None else []
+        _run_materialize(_materialize_args(given))
     server = None
     if args.triton:
         key = settings.triton.control_key

@@ -21,6 +21,7 @@ from pipelines.features.spec import SPARSE_COLUMNS
 from pipelines.features.workflow import Workflow
 from pipelines.models.gbm import TREE_CATEGORICAL, TreeRanker, tree_features
 from pipelines.models.two_tower import ServedQuery
+from pipelines.models.two_tower_ensemble import EnsembleQuery
 from pipelines.prepare import RetrievalData
 from pipelines.training.item_neighbors import DIRECTORY as NEIGHBORS
 from pipelines.training.ranking import build_dlrm, ranking_inputs
@@ -91,7 +92,7 @@ def _write_drift_reference(
     workdir: Path,
     workflow: Workflow,
     config: TrainConfig,
-    query: ServedQuery,
+    query: ServedQuery | EnsembleQuery,
     index: Any,
     item_ids: np.ndarray,
 ) -> None:

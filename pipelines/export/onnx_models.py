@@ -11,6 +11,7 @@ import torch
 from pipelines.errors import ArtifactError
 from pipelines.models.dlrm import DLRMDense
 from pipelines.models.two_tower import QueryTower, ServedQuery
+from pipelines.models.two_tower_ensemble import EnsembleQuery
 
 OPSET = 17
 TOLERANCE = 1e-4
@@ -48,7 +49,10 @@ def check_onnx(module: torch.nn.Module, path: Path, inputs: dict[str, torch.Tens
 
 
 def export_query_tower(
-    tower: QueryTower | ServedQuery, user_features: np.ndarray, history: np.ndarray, path: Path
+    tower: QueryTower | ServedQuery | EnsembleQuery,
+    user_features: np.ndarray,
+    history: np.ndarray,
+    path: Path,
 ) -> float:
     """Write ``model.onnx`` (inputs ``user_features``, ``history``; output ``embedding``)."""
     sample = {

@@ -22,6 +22,7 @@ from pipelines.features.ops.categorify import OOV_ID
 from pipelines.features.spec import ITEM_TOWER_COLUMNS, USER_TOWER_COLUMNS, cardinality
 from pipelines.features.workflow import Workflow
 from pipelines.models.two_tower import ItemTower, QueryTower, TwoTower
+from pipelines.models.two_tower_ensemble import TwoTowerEnsemble
 from pipelines.prepare import RetrievalData
 from pipelines.training.baselines import (
     SELECTION_METRIC,
@@ -48,8 +49,20 @@ from pipelines.training.loop import (
     train_epochs,
 )
 
+Retriever = TwoTower | TwoTowerEnsemble  # what the retrieval step trains, saves and exports
 
-def build_two_tower(workflow: Workflow, n_item_dense: int, config: TrainConfig) -> TwoTower:
+
+def build_two_tower(workflow: Workflow, n_item_dense: int, config: TrainConfig) -> Retriever:
+    """The two-tower of ``config``: one ``TwoTower``, or with ``two_tower_ensemble`` > 1 an
+    ensemble of that many, each initialised from the next draws of torch's generator."""
+    members = [
+        build_member(workflow, n_item_dense, config) for _ in range(config.two_tower_ensemble)
+    ]
+    return members[0] if len(members) == 1 else TwoTowerEnsemble(members)
+
+
+def build_member(workflow: Workflow, n_item_dense: int, config: TrainConfig) -> TwoTower:
+    """One two-tower with the sizes of ``config``."""
     query = QueryTower(
         [cardinality(workflow, c) for c in USER_TOWER_COLUMNS],
         n_items=cardinality(workflow, "item_id_idx"),
@@ -72,7 +85,7 @@ def build_two_tower(workflow: Workflow, n_item_dense: int, config: TrainConfig) 
 
 
 @torch.no_grad()
-def item_embeddings(model: TwoTower, data: RetrievalData) -> np.ndarray:
+def item_embeddings(model: Retriever, data: RetrievalData) -> np.ndarray:
     model.eval()
     where = model_device(model)
     features = torch.from_numpy(data.item_features).to(where)
@@ -80,7 +93,7 @@ def item_embeddings(model: TwoTower, data: RetrievalData) -> np.ndarray:
 
 
 @torch.no_grad()
-def user_embeddings(model: TwoTower, data: RetrievalData, users: np.ndarray) -> np.ndarray:
+def user_embeddings(model: Retriever, data: RetrievalData, users: np.ndarray) -> np.ndarray:
     model.eval()
     where = model_device(model)
     features = torch.from_numpy(data.user_features[users]).to(where)
@@ -88,10 +101,13 @@ def user_embeddings(model: TwoTower, data: RetrievalData, users: np.ndarray) -> 
     return query(features, torch.from_numpy(data.history[users]).to(where)).cpu().numpy()
 
 
-def two_tower_scores(model: TwoTower, data: RetrievalData) -> Callable[[np.ndarray], np.ndarray]:
-    """Scores over the whole catalog (item embeddings computed once)."""
-    items = item_embeddings(model, data)
-    return lambda users: user_embeddings(model, data, users) @ items.T
+def two_tower_scores(
+    model: Retriever, data: RetrievalData, items: np.ndarray | None = None
+) -> Callable[[np.ndarray], np.ndarray]:
+    """Scores over the whole catalog against ``items`` (default: the item embeddings,
+    computed once here)."""
+    catalog = item_embeddings(model, data) if items is None else items
+    return lambda users: user_embeddings(model, data, users) @ catalog.T
 
 
 class TwoTowerBatches:
@@ -185,12 +201,39 @@ class TwoTowerBatches:
         return (self.gather(rows) for rows in order.split(self.batch))
 
 
+def train_retriever(
+    model: Retriever,
+    data: RetrievalData,
+    config: TrainConfig,
+    report: Callable[[str], None] | None = None,
+    quiet: bool = False,
+) -> dict[str, list[dict[str, float]]]:
+    """Train the two-tower, or each member of an ensemble in turn with its own batch order
+    (member k draws its batches from seed ``config.seed + k``); the training curves by name
+    (``two_tower``, or ``two_tower member k`` from 1)."""
+    if isinstance(model, TwoTower):
+        return {"two_tower": train_two_tower(model, data, config, report, quiet)}
+    members = model.towers()
+    return {
+        f"two_tower member {k + 1}": train_two_tower(
+            member,
+            data,
+            config.model_copy(update={"seed": config.seed + k}),
+            report,
+            quiet,
+            name=f"two-tower {k + 1}/{len(members)}",
+        )
+        for k, member in enumerate(members)
+    }
+
+
 def train_two_tower(
     model: TwoTower,
     data: RetrievalData,
     config: TrainConfig,
     report: Callable[[str], None] | None = None,
     quiet: bool = False,
+    name: str = "two-tower",
 ) -> list[dict[str, float]]:
     """Train with early stopping and keep-best on validation NDCG@10 (sampled users).
 
@@ -228,7 +271,7 @@ def train_two_tower(
         loss,
         config.two_tower_epochs,
         config.two_tower_lr,
-        "two-tower",
+        name,
         stopping=EarlyStopping(
             validate, f"valid_{SELECTION_METRIC}", config.patience, config.eval_every
         ),
@@ -241,7 +284,7 @@ def train_two_tower(
 
 
 def evaluate_two_tower(
-    model: TwoTower, data: RetrievalData, split: str = "test", max_users: int | None = None
+    model: Retriever, data: RetrievalData, split: str = "test", max_users: int | None = None
 ) -> dict[str, float]:
     return evaluate_split(two_tower_scores(model, data), data, split, max_users)
 
@@ -249,6 +292,21 @@ def evaluate_two_tower(
 def kept_record(curve: list[dict[str, float]]) -> dict[str, float]:
     """The record of the epoch whose weights early stopping kept."""
     return next(record for record in curve if record.get("best"))
+
+
+def retriever_validation(
+    curves: dict[str, list[dict[str, float]]],
+    scores: Callable[[np.ndarray], np.ndarray],
+    data: RetrievalData,
+    config: TrainConfig,
+) -> dict[str, float]:
+    """Validation metrics of what ``train_retriever`` trained (``curves``): one two-tower's
+    are those of its kept epoch (no second full ranking: at 1M items each costs about
+    20 s); an ensemble's members were validated one by one, so its summed ``scores`` are
+    ranked on the validation users."""
+    if "two_tower" in curves:
+        return kept_validation(curves["two_tower"])
+    return evaluate_split(scores, data, "valid", config.valid_users)
 
 
 def kept_validation(curve: list[dict[str, float]]) -> dict[str, float]:
@@ -307,7 +365,7 @@ def run_retrieval(
     data = RetrievalData.load(workdir / "retrieval.npz")
     workflow = Workflow.load(workdir / "workflow")
     model = build_two_tower(workflow, data.item_dense.shape[1], config)
-    two_tower_curve = train_two_tower(model, data, config, report)
+    two_tower_curves = train_retriever(model, data, config, report)
     bpr, bpr_curve = train_bpr(data, config, report)
     ease, ease_info = train_ease(data, config, report)
     started = time.perf_counter()
@@ -321,8 +379,9 @@ def run_retrieval(
     took = time.perf_counter() - started
     emit(f"item neighbours: {config.neighbor_width} per item, built in {took:.1f} s")
     histories = history_positions(data)
+    items = item_embeddings(model, data)  # scored against here, saved below
     scorers = {
-        "two_tower": two_tower_scores(model, data),
+        "two_tower": two_tower_scores(model, data, items),
         "bpr_mf": bpr_scores(bpr),
         "popularity": popularity_scores(data),
         "item_neighbors": lambda users: neighbors.scores([histories[u] for u in users]),
@@ -332,7 +391,7 @@ def run_retrieval(
     # the trained models' validation metrics are those of their kept epochs (no second full
     # ranking of the validation users: at 1M items each costs about 20 s)
     valid: dict[str, dict[str, float]] = {
-        "two_tower": kept_validation(two_tower_curve),
+        "two_tower": retriever_validation(two_tower_curves, scorers["two_tower"], data, config),
         "bpr_mf": kept_validation(bpr_curve),
     }
     for name, scores in scorers.items():
@@ -358,12 +417,12 @@ def run_retrieval(
         "candidate_sources": candidate_sources(
             scorers["two_tower"], neighbors, histories, data, config.valid_users
         ),
-        "curves": {"two_tower": two_tower_curve, "bpr_mf": bpr_curve},
+        "curves": {**two_tower_curves, "bpr_mf": bpr_curve},
     }
     models = workdir / "models"
     models.mkdir(exist_ok=True)
     torch.save(model.state_dict(), models / "two_tower.pt")
-    np.save(models / "item_embeddings.npy", item_embeddings(model, data))
+    np.save(models / "item_embeddings.npy", items)
     np.save(models / "popularity.npy", popularity(data))
     neighbors.save(models / NEIGHBORS)
     (workdir / "retrieval_result.json").write_text(json.dumps(result, indent=2))

@@ -237,6 +237,55 @@ def test_two_tower_options_shape_the_built_towers(run: tuple[Path, Path, str]) -
     assert model.item.skip.out_features == config.two_tower_dim
 
 
+def test_an_ensemble_trains_its_members_apart_and_exports_as_one_two_tower(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import torch
+
+    from pipelines.config import TrainConfig
+    from pipelines.models.two_tower_ensemble import TwoTowerEnsemble
+    from pipelines.prepare import RetrievalData
+    from pipelines.training.retrieval import build_two_tower, evaluate_two_tower
+
+    work, out = tmp_path / "work", tmp_path / "out"
+    paths = ["--workdir", str(work), "--output", str(out)]
+    assert main(["train", *paths, *FAST, "--two-tower-ensemble", "2"]) == 0
+    printed = capsys.readouterr().out
+    assert "two-tower 1/2 epoch 1/2" in printed and "two-tower 2/2 epoch 1/2" in printed
+    result = json.loads((work / "retrieval_result.json").read_text())
+    members = [result["curves"][f"two_tower member {k}"] for k in (1, 2)]
+    assert "two_tower" not in result["curves"]
+    assert all(sum(1 for r in curve if r.get("best")) == 1 for curve in members)
+    assert members[0][0]["loss"] != members[1][0]["loss"]  # own initialisation and batches
+    # its validation is the ensemble's own, ranked again from the saved weights
+    config = TrainConfig(two_tower_ensemble=2)
+    data = RetrievalData.load(work / "retrieval.npz")
+    model = build_two_tower(Workflow.load(work / "workflow"), data.item_dense.shape[1], config)
+    assert isinstance(model, TwoTowerEnsemble)
+    model.load_state_dict(torch.load(work / "models" / "two_tower.pt"))
+    fresh = evaluate_two_tower(model, data, "valid", config.valid_users)
+    assert result["valid_metrics"]["two_tower"] == pytest.approx(fresh, abs=1e-9)
+    # served as one two-tower: the query tower's vector scores the release's item vectors
+    manifest = json.loads((out / "releases/1/manifest.json").read_text())
+    length = manifest["config"]["history_length"]
+    session = ort.InferenceSession(str(out / "model_repository/query_tower/1/model.onnx"))
+    users = [0, 1, 2]
+    query = session.run(
+        None, {"user_features": data.user_features[users], "history": data.history[users]}
+    )[0]
+    assert data.history.shape[1] == length
+    items = np.load(out / "releases/1/item_embeddings.npy")
+    assert query.shape == (3, 2 * 65) and items.shape == (400, 2 * 65)
+    with torch.no_grad():
+        vectors = model.served_query()(
+            torch.from_numpy(data.user_features[users]), torch.from_numpy(data.history[users])
+        )
+        catalog = model.served_items(
+            torch.from_numpy(data.item_features), torch.from_numpy(data.item_dense)
+        )
+    np.testing.assert_allclose(query @ items.T, (vectors @ catalog.T).numpy(), atol=1e-4)
+
+
 def test_a_partial_run_saves_its_results_and_says_what_the_report_waits_for(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

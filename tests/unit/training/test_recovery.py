@@ -14,7 +14,7 @@ from pipelines.features.workflow import Workflow
 from pipelines.prepare import RetrievalData, prepare
 from pipelines.training.baselines import popularity_scores
 from pipelines.training.loop import seed_everything
-from pipelines.training.retrieval import build_two_tower, evaluate_two_tower, train_two_tower
+from pipelines.training.retrieval import build_two_tower, evaluate_two_tower, train_retriever
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def test_two_tower_beats_popularity_by_a_clear_margin(prepared: Path) -> None:
     seed_everything(config.seed)
     data = RetrievalData.load(prepared / "retrieval.npz")
     model = build_two_tower(Workflow.load(prepared / "workflow"), data.item_dense.shape[1], config)
-    curve = train_two_tower(model, data, config, quiet=True)
+    curve = train_retriever(model, data, config, quiet=True)["two_tower"]
     assert any(r.get("best") for r in curve)
     two_tower = evaluate_two_tower(model, data, "test")
     popularity = evaluate_split(popularity_scores(data), data, "test")
@@ -44,7 +44,7 @@ def test_without_preferences_there_is_little_to_recover(prepared: Path, tmp_path
     seed_everything(config.seed)
     data = RetrievalData.load(tmp_path / "retrieval.npz")
     model = build_two_tower(Workflow.load(tmp_path / "workflow"), data.item_dense.shape[1], config)
-    train_two_tower(model, data, config, quiet=True)
+    train_retriever(model, data, config, quiet=True)
     two_tower = evaluate_two_tower(model, data, "test")
     popularity = evaluate_split(popularity_scores(data), data, "test")
     assert two_tower["ndcg@10"] < 1.25 * popularity["ndcg@10"], (two_tower, popularity)
