@@ -24,6 +24,7 @@ class RequestContext:
     k: int
     timestamp: int
     model_version: int
+    split: str = ""  # the canary split that assigned model_version ("": requested or none)
     context: dict[str, Any] = field(default_factory=dict)
     exclude: np.ndarray = field(default_factory=lambda: EMPTY_IDS)
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)

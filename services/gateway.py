@@ -249,12 +249,13 @@ class Gateway:
     ) -> tuple[RequestContext, Release]:
         if self.recommender is None or self.router is None:
             raise NotReady("no release is loaded")
-        version = self.router.route(user_id, model_version)
+        version, split = self.router.assign(user_id, model_version)
         ctx = RequestContext(
             user_id=user_id,
             k=k,
             timestamp=int(time.time()),
             model_version=version,
+            split=split,
             context=dict(context),
             exclude=np.asarray(exclude, dtype=np.int64),
         )

@@ -1,11 +1,11 @@
 """The impression log: every answer the gateway gives, appended to a bounded stream.
 
 Each ``/v1/recommend`` answer is one impression set ``{request_id, user_id, model_version,
-items, scores, degraded, timestamp}``; the store also remembers which model version served
-each ``request_id`` so that feedback is attributed server side. Logging never fails or slows
-a request beyond a ``put_nowait``: answers wait in a bounded queue that a background task
-writes in batches; what cannot be logged (queue full, store failing) is counted in
-``cascade_impressions_dropped_total{reason}``.
+split, items, scores, degraded, reasons, latency_ms, timestamp}``; the store also remembers
+which model version served each ``request_id`` so that feedback is attributed server side.
+Logging never fails or slows a request beyond a ``put_nowait``: answers wait in a bounded
+queue that a background task writes in batches; what cannot be logged (queue full, store
+failing) is counted in ``cascade_impressions_dropped_total{reason}``.
 """
 
 from __future__ import annotations
@@ -33,14 +33,18 @@ def impression_record(
     scores: np.ndarray,
     reasons: list[str] | tuple[str, ...] = (),
     latency_ms: float = 0.0,
+    split: str = "",
 ) -> dict[str, str]:
     """One impression set as stream fields: ids and scores space-separated in rank order,
     the degraded reasons (fixed ``stage:reason`` values) and the server-side latency, so a
-    rollout can judge each version's errors, degradation and latency from the log alone."""
+    rollout can judge each version's errors, degradation and latency from the log alone;
+    ``split``: the canary split that assigned the version (``VersionRouter.split``; ``""``
+    when the client requested it), what the rollout's sample-ratio test counts by."""
     return {
         "request_id": request_id,
         "user_id": str(user_id),
         "model_version": str(model_version),
+        "split": split,
         "items": " ".join(map(str, np.asarray(item_ids).tolist())),
         "scores": " ".join(f"{s:.6g}" for s in np.asarray(scores).tolist()),
         "degraded": "1" if reasons else "0",

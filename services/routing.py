@@ -30,12 +30,27 @@ class VersionRouter:
     def versions(self) -> list[int]:
         return sorted({self.default, *([self.canary] if self.canary is not None else [])})
 
-    def route(self, user_id: int, requested: int | None = None) -> int:
-        """``requested`` when it is a served version; else the user's stable bucket decides."""
+    @property
+    def split(self) -> str:
+        """The canary split this router assigns users by, as ``canary:share`` (``2:0.05``), or
+        ``""`` without one. Logged with every answer it assigned, so that a rollout's
+        sample-ratio test compares each answer's arm with the share that actually assigned it
+        (a replica still loading the canary assigns everyone to production, and says so)."""
+        if self.canary is None or self.canary_percent <= 0:
+            return ""
+        return f"{self.canary}:{self.canary_percent / 100:g}"
+
+    def assign(self, user_id: int, requested: int | None = None) -> tuple[int, str]:
+        """(version, split): ``requested`` when it is a served version (split ``""``: the
+        client chose, not the split); else the user's stable bucket decides."""
         if requested is not None and requested in self.versions:
-            return requested
+            return requested, ""
         if self.canary is not None and self.canary_percent > 0:
             bucket = zlib.crc32(f"{self.salt}/{user_id}".encode()) % 10_000 / 100.0
             if bucket < self.canary_percent:
-                return self.canary
-        return self.default
+                return self.canary, self.split
+        return self.default, self.split
+
+    def route(self, user_id: int, requested: int | None = None) -> int:
+        """The version of ``assign``."""
+        return self.assign(user_id, requested)[0]

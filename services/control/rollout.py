@@ -6,6 +6,8 @@ One look (``RolloutController.look``), every ``interval_s``:
 1. read the impression and feedback streams from where the last look stopped and add them
    to the two arms (production = control, candidate = canary): answers, items shown,
    clicks, hits, errors and degraded answers from the logged reasons, a latency histogram;
+   and, for the sample-ratio test, the answers by the canary split that assigned them (each
+   answer names it: a replica still loading the canary logs none);
 2. abort when the candidate's artifacts vanished or a gateway replica reports it cannot
    load the candidate (production untouched); while a live replica has not applied the
    step yet, give no verdict (its users are all on production), and roll back with reason
@@ -41,7 +43,7 @@ from pipelines.errors import CascadeError
 from services.control.analysis import AnalysisConfig, Decision, SequentialState, analyse
 from services.control.desired_state import DesiredState, DesiredStateStore
 from services.control.registry import Registry, VersionState, adopt_served
-from services.control.rollout_state import RolloutLog, RolloutRecord, Segment
+from services.control.rollout_state import RolloutLog, RolloutRecord
 from services.stores.base import OnlineStore
 
 log = logging.getLogger(__name__)
@@ -183,7 +185,6 @@ class RolloutController:
             started_at=now,
             step_started_at=now,
             cursors={"impressions": start_cursor, "feedback": start_cursor},
-            segments=[Segment(start_ms=int(now * 1000))],
         )
         self.log.save(record_)
         self._audit(record_, "started", {"forced": record_.forced})
@@ -254,9 +255,9 @@ class RolloutController:
     def _act(self, record: RolloutRecord, decision: Decision) -> None:
         in_step = self.clock() - (record.step_applied_at or record.step_started_at)
         if decision.outcome == "fail":
-            self._finish(record, rolled_back=True, reason=decision.reason)
+            self._finish(record, rolled_back=True, reason=decision.reason, detail=_failed(decision))
         elif decision.outcome == "halt":
-            self._finish(record, rolled_back=True, reason="srm")
+            self._finish(record, rolled_back=True, reason="srm", detail=_failed(decision))
         elif decision.outcome == "pass" and in_step >= self.plan.min_step_s:
             self._advance(record)
         elif decision.outcome == "hold" and in_step >= self.plan.step_deadline_s:
@@ -280,9 +281,11 @@ class RolloutController:
                 arm.degraded += bool(reasons)
                 arm.errors += any(r.endswith(ERROR_REASONS) for r in reasons)
                 latencies[version].append(_float(fields.get("latency_ms")))
-                segment = record.segment_at(_int(stream_id.partition("-")[0]))
-                if segment is not None:
-                    segment.add(fields.get("user_id", ""), canary=version == record.version)
+                share = _assigning_share(fields.get("split", ""), record.version)
+                if share is not None:
+                    record.split(share).add(
+                        fields.get("user_id", ""), canary=version == record.version
+                    )
             for version, values in latencies.items():
                 arms[version].add_latencies(np.asarray(values, np.float64))
             if len(entries) < READ_BATCH:
@@ -301,17 +304,10 @@ class RolloutController:
                 break
 
     def _routing_applied(self, record: RolloutRecord) -> None:
-        """Every live replica routes by the step's weight now: traffic from here on counts
-        for the sample-ratio test (a segment nothing was counted in yet just takes it)."""
+        """Every live replica routes by the step's weight now: the step's times count from
+        here (the sample-ratio test needs no such moment: each answer names its split)."""
         if record.step_applied_at is None:
             record.step_applied_at = self.clock()
-        current = record.segments[-1]
-        if current.weight is not None:
-            return
-        if current.control + current.canary == 0:
-            current.weight = record.weight
-        else:
-            record.segments.append(Segment(start_ms=int(self.clock() * 1000), weight=record.weight))
 
     def _replicas_behind(self) -> list[str]:
         """Live gateway replicas that have not applied the current desired state yet."""
@@ -343,7 +339,6 @@ class RolloutController:
         record.step += 1
         record.step_started_at = self.clock()
         record.step_applied_at = None
-        record.segments.append(Segment(start_ms=int(self.clock() * 1000)))  # replicas apply
         self._audit(record, "step", {"step": record.step, "weight": record.weight})
         self._set_desired(
             record.production,
@@ -490,6 +485,26 @@ def _decision_dict(decision: Decision, record: RolloutRecord) -> dict[str, Any]:
         "checks": [dataclasses.asdict(check) for check in decision.checks],
         "values": decision.values,
     }
+
+
+def _failed(decision: Decision) -> str:
+    """What the failed checks of a look measured (the rollback's log line and audit entry)."""
+    return "; ".join(f"{c.name}: {c.detail}" for c in decision.checks if c.passed is False)
+
+
+def _assigning_share(split: str, canary: int) -> str | None:
+    """The canary share of an answer's ``split`` field (``"2:0.05"``, see
+    ``VersionRouter.split``) when that split was this rollout's canary ``canary`` at a share
+    that tells the arms apart; None otherwise (requested by the client, no canary yet on that
+    replica, another canary, a share of 0 or 1, malformed, or a gateway too old to log it)."""
+    version, _, share = split.partition(":")
+    try:
+        weight = float(share)
+    except ValueError:
+        return None
+    if _int(version) != canary or not 0.0 < weight < 1.0:
+        return None
+    return f"{weight:g}"
 
 
 def _int(value: str | None) -> int:

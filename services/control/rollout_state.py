@@ -118,12 +118,12 @@ class ArmCounts(BaseModel):
         )
 
 
-class Segment(BaseModel):
-    """A stretch of traffic under one routing: ``weight`` None while replicas are still
-    applying a new desired state (its requests count for the KPI, not for the split test)."""
+class SplitCounts(BaseModel):
+    """Answers the canary split of one share assigned, per arm: the sample-ratio test's data.
+    Each answer carries the split that assigned it (``VersionRouter.split``), so an answer a
+    replica gave while still loading the canary (everyone on production) or one whose version
+    the client requested is never counted against the step's weight."""
 
-    start_ms: int
-    weight: float | None = None
     control: int = 0
     canary: int = 0
     # requests per user cluster: [control, canary] (for the split test's clustered variance)
@@ -160,7 +160,8 @@ class RolloutRecord(BaseModel):
         default_factory=lambda: {"impressions": "0-0", "feedback": "0-0"}
     )
     arms: dict[str, ArmCounts] = Field(default_factory=dict)  # "control" / "canary"
-    segments: list[Segment] = Field(default_factory=list)  # oldest first
+    # by the canary share that assigned the answers ("0.05"): see SplitCounts
+    splits: dict[str, SplitCounts] = Field(default_factory=dict)
     sequential: dict[str, Any] = Field(default_factory=dict)
     looks: int = 0
     last_decision: dict[str, Any] | None = None
@@ -172,28 +173,24 @@ class RolloutRecord(BaseModel):
     def arm(self, name: str) -> ArmCounts:
         return self.arms.setdefault(name, ArmCounts())
 
-    def segment_at(self, ms: int) -> Segment | None:
-        """The segment a request served at ``ms`` (its stream id) belongs to."""
-        for segment in reversed(self.segments):
-            if segment.start_ms <= ms:
-                return segment
-        return None
+    def split(self, share: str) -> SplitCounts:
+        return self.splits.setdefault(share, SplitCounts())
 
     def split_test_counts(self) -> tuple[int, int, float, float | None]:
-        """(control, canary) requests served under a known weight, the canary share expected
-        of them (each segment's weight times its traffic), and the variance of
+        """(control, canary) requests the canary split assigned, the canary share expected of
+        them (each split's share times its requests), and the variance of
         ``canary - expected`` measured between user clusters (None: too few clusters): what
         the sample-ratio test compares. Users, not requests, are assigned to arms, so a few
         heavy users move the request split more than independent requests would."""
-        judged = [s for s in self.segments if s.weight is not None]
-        control = sum(s.control for s in judged)
-        canary = sum(s.canary for s in judged)
+        judged = [(float(share), s) for share, s in self.splits.items() if 0 < float(share) < 1]
+        control = sum(s.control for _, s in judged)
+        canary = sum(s.canary for _, s in judged)
         total = control + canary
-        expected = sum((s.weight or 0.0) * (s.control + s.canary) for s in judged)
+        expected = sum(share * (s.control + s.canary) for share, s in judged)
         residual = np.zeros(USER_CLUSTERS)
-        for s in judged:
+        for share, s in judged:
             control_k, canary_k = (np.asarray(c, np.float64) for c in s.clusters)
-            residual += canary_k - (s.weight or 0.0) * (control_k + canary_k)
+            residual += canary_k - share * (control_k + canary_k)
         used = int(np.count_nonzero(residual)) if judged else 0
         variance = float(residual @ residual) if used >= 2 else None
         return control, canary, (expected / total if total else self.weight), variance

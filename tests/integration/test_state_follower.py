@@ -50,6 +50,16 @@ async def _client(root: Path) -> AsyncIterator[tuple[httpx.AsyncClient, Gateway]
         yield http, gateway
 
 
+async def _splits(gateway: Gateway) -> dict[str, set[str]]:
+    """The ``split`` each logged answer names, by model version (what a rollout counts)."""
+    assert gateway.impressions is not None
+    await gateway.impressions.flush()
+    logged: dict[str, set[str]] = {}
+    for _, fields in await gateway.store.read_stream("impressions"):
+        logged.setdefault(fields["model_version"], set()).add(fields["split"])
+    return logged
+
+
 async def _versions(http: httpx.AsyncClient, users: range) -> dict[int, int]:
     served = {}
     for user in users:
@@ -87,6 +97,11 @@ async def test_a_canary_is_loaded_routed_sticky_then_promoted_and_retired(root: 
         assert set(first.values()) == {1, 2}
         assert 40 < sum(v == 2 for v in first.values()) < 160  # about half the users
         assert await _versions(http, range(1, 200)) == first  # each user stays on one arm
+        # every answer names the split that assigned it; one the client pinned names none
+        assert await _splits(gateway) == {"1": {"2:0.5"}, "2": {"2:0.5"}}
+        pinned = {"user_id": 5, "k": 3, "model_version": 2}
+        assert (await http.post("/v1/recommend", json=pinned)).status_code == 200
+        assert (await _splits(gateway))["2"] == {"2:0.5", ""}
         ready = (await http.get("/health/ready")).json()
         assert ready["rollout"]["routing"] == {"production": 1, "canary": 2, "canary_percent": 50.0}
         assert ready["rollout"]["applied_revision"] == 2
@@ -118,6 +133,7 @@ async def test_a_canary_that_cannot_load_is_never_routed(root: Path) -> None:
         store.write(state.next(canary=2, canary_weight=0.5), expected_revision=1)
         await gateway.follower.check()
         assert set((await _versions(http, range(1, 60))).values()) == {1}
+        assert await _splits(gateway) == {"1": {""}}  # no canary split: none to count
         ready = (await http.get("/health/ready")).json()
         assert ready["rollout"]["routing"]["canary"] is None
         assert "release 2 cannot be loaded" in ready["rollout"]["problems"][0]

@@ -45,6 +45,7 @@ async def answer(body: RecommendRequest, gateway: Gateway) -> bytes:
                 ctx.scores,
                 ctx.reasons,
                 sum(ctx.timings_ms.values()),
+                ctx.split,
             ),
             gateway.releases.keys(),
         )

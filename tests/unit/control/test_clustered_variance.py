@@ -22,7 +22,6 @@ from services.control.rollout_state import (
     USER_CLUSTERS,
     ArmCounts,
     RolloutRecord,
-    Segment,
     cluster_ratio_variance,
     user_cluster,
 )
@@ -143,17 +142,17 @@ def _split_fail_rate(clustered: bool, reps: int = 300, seed: int = 6) -> float:
     for _ in range(reps):
         activity = rng.gamma(0.3, 3.0, size=users)
         on_canary = rng.random(users) < 0.2
-        segment = Segment(start_ms=0, weight=0.2)
-        record = RolloutRecord(id="x", version=2, production=1, weights=[0.2], segments=[segment])
+        record = RolloutRecord(id="x", version=2, production=1, weights=[0.2])
+        split = record.split("0.2")
         clusters = np.arange(users) % USER_CLUSTERS
         for _ in range(looks):
             requests = rng.poisson(activity)
-            segment.control += int(requests[~on_canary].sum())
-            segment.canary += int(requests[on_canary].sum())
+            split.control += int(requests[~on_canary].sum())
+            split.canary += int(requests[on_canary].sum())
             for arm, mask in ((0, ~on_canary), (1, on_canary)):
                 counts = np.bincount(clusters[mask], requests[mask], USER_CLUSTERS)
-                segment.clusters[arm] = (
-                    (np.asarray(segment.clusters[arm]) + counts).astype(int).tolist()
+                split.clusters[arm] = (
+                    (np.asarray(split.clusters[arm]) + counts).astype(int).tolist()
                 )
             control, canary, weight, variance = record.split_test_counts()
             _, p = srm_test(control, canary, weight, variance if clustered else None)
@@ -172,11 +171,11 @@ def test_the_split_test_on_requests_alone_halts_healthy_rollouts_when_users_diff
 
 
 def test_a_canary_that_gets_no_users_still_halts_with_the_clustered_variance():
-    segment = Segment(start_ms=0, weight=0.2)
-    record = RolloutRecord(id="x", version=2, production=1, weights=[0.2], segments=[segment])
+    record = RolloutRecord(id="x", version=2, production=1, weights=[0.2])
+    split = record.split("0.2")
     for user in range(500):
         for _ in range(3):
-            segment.add(str(user), canary=False)
+            split.add(str(user), canary=False)
     control, canary, weight, variance = record.split_test_counts()
     assert canary == 0 and srm_test(control, canary, weight, variance)[1] < 1e-6
 

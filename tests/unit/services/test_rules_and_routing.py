@@ -58,6 +58,16 @@ def test_router_splits_users_stably_and_honours_explicit_versions() -> None:
     assert VersionRouter(default=3).route(7) == 3
 
 
+def test_the_router_names_the_split_that_assigned_each_user() -> None:
+    router = VersionRouter(default=3, canary=4, canary_percent=5.000000000000001, salt="s")
+    assigned = {router.assign(u) for u in range(2000)}
+    assert assigned == {(3, "4:0.05"), (4, "4:0.05")}  # both arms, one share
+    assert router.assign(1, requested=4) == (4, "")  # the client chose: not the split's
+    assert router.assign(1, requested=99)[1] == "4:0.05"  # not served: the split decides
+    assert VersionRouter(default=3).assign(7) == (3, "")
+    assert VersionRouter(default=3, canary=4, canary_percent=0).assign(7) == (3, "")
+
+
 def test_each_salt_draws_its_own_canary_users_and_a_higher_weight_keeps_them() -> None:
     users = range(20_000)
     first = {u for u in users if VersionRouter(3, 4, 10, salt="a1").route(u) == 4}
