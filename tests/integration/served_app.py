@@ -64,13 +64,17 @@ def retrain_decisions(url: str) -> dict[str, float]:
     return found
 
 
-def wait_until_ready(process: subprocess.Popen[bytes], url: str, timeout_s: float = 180) -> None:
+def wait_until_ready(
+    process: subprocess.Popen[bytes], url: str, timeout_s: float = 180, output: Path | None = None
+) -> None:
     """Poll ``url``/health/ready (a ``cascade serve`` started as a process) until it answers
-    200; fail the test when the process exits first or the time runs out."""
+    200; fail the test when the process exits first or the time runs out, with the end of
+    ``output`` (where the process writes) in the message."""
     deadline = time.monotonic() + timeout_s
     while True:
-        assert process.poll() is None, "cascade serve exited"
-        assert time.monotonic() < deadline, "the gateway did not become ready"
+        said = output.read_text(errors="replace")[-3000:] if output is not None else ""
+        assert process.poll() is None, f"cascade serve exited ({process.returncode}):\n{said}"
+        assert time.monotonic() < deadline, f"the gateway did not become ready:\n{said}"
         try:
             if httpx.get(f"{url}/health/ready", timeout=2).status_code == 200:
                 return

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from services.api.app import create_app
-from services.child_process import listening_addresses
+from services.child_process import listening_addresses, port_in_use
 from services.embedding_cache.backing import RedisRows
 from services.gateway import Gateway
 from services.inference.triton import CONTROL_KEY_HEADER, TritonBackend
@@ -261,22 +261,23 @@ def test_killing_cascade_serve_takes_its_triton_down(exported: Path, tmp_path: P
         wheel_directory()
     except TritonUnavailable as error:
         pytest.skip(f"Triton cannot run here: {error}")
-    port, triton_port = free_port(), free_port()
-    while triton_port + 2 in (port,) or any(_taken(p) for p in (triton_port + 1, triton_port + 2)):
-        triton_port = free_port()
+    port = free_port()
+    triton_port = _three_free_ports(avoid=port)
     env = {k: v for k, v in os.environ.items() if not k.startswith("CASCADE_")}
-    serve = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "services.cli", "serve", "--triton"),
-            *("--artifacts", str(exported), "--port", str(port)),
-            *("--triton-http-port", str(triton_port)),
-        ],
-        env={**env, "CASCADE_ARTIFACTS": str(exported)},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    output = tmp_path / "serve.log"
+    with output.open("wb") as sink:
+        serve = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "services.cli", "serve", "--triton"),
+                *("--artifacts", str(exported), "--port", str(port)),
+                *("--triton-http-port", str(triton_port)),
+            ],
+            env={**env, "CASCADE_ARTIFACTS": str(exported)},
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
     try:
-        wait_until_ready(serve, f"http://127.0.0.1:{port}")
+        wait_until_ready(serve, f"http://127.0.0.1:{port}", output=output)
         (triton_pid,) = [p for p in _children(serve.pid) if "tritonserver" in _cmdline(p)]
         assert _alive(triton_pid)
         # the default placement runs the query tower in the gateway: Triton starts no stub for it
@@ -293,6 +294,18 @@ def test_killing_cascade_serve_takes_its_triton_down(exported: Path, tmp_path: P
         if serve.poll() is None:
             serve.kill()
             serve.wait()
+
+
+def _three_free_ports(avoid: int) -> int:
+    """A port whose next two are free as well (`cascade serve --triton-http-port P` gives
+    Triton P, P + 1 and P + 2), none of them ``avoid``. Free as Triton's bind sees it: the
+    local port of a live outgoing connection (a Redis client's, say) blocks a bind too,
+    though nothing listens there."""
+    while True:
+        first = free_port()
+        ports = (first, first + 1, first + 2)
+        if avoid not in ports and not any(port_in_use("127.0.0.1", p) for p in ports):
+            return first
 
 
 def _cmdline(pid: int) -> str:
