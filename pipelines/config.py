@@ -154,8 +154,9 @@ class TrainConfig(BaseModel):
         10_000,
         ge=1,
         description="Evaluate retrieval on test for every user up to this many, else on a "
-        "seeded sample of this many (the same users for every model): each ranks the whole "
-        "catalog, about 8 ms per user and model at 1M items on one core.",
+        "seeded sample of this many (the same users for every model): at 1M items, on one "
+        "core, the two-tower and BPR-MF score the whole catalog in about 5 ms per user, "
+        "popularity and the item neighbours give their top items in under 0.2 ms.",
     )
     threads: int = Field(2, ge=1, description="CPU threads for LightGBM.")
     torch_threads: int = Field(

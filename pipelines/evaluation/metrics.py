@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -57,6 +58,21 @@ def evaluated_users(
     return users
 
 
+@runtime_checkable
+class DirectRanker(Protocol):
+    """A scorer that can also give one user's top items without scoring the whole catalog
+    (popularity: one ranking shared by every user; item neighbours: a few hundred scored
+    items). ``top`` returns what a full ranking of its scores returns, ties broken by the
+    lower item position; at 1M items a full ranking costs milliseconds a user, ``top``
+    microseconds."""
+
+    def __call__(self, users: np.ndarray) -> np.ndarray: ...
+
+    def top(self, user: int, seen: np.ndarray, k: int) -> np.ndarray:
+        """The ``k`` best items of ``user`` not in ``seen``, best first."""
+        ...
+
+
 def ranked_tops(
     score_users: Callable[[np.ndarray], np.ndarray],
     users: np.ndarray,
@@ -65,7 +81,12 @@ def ranked_tops(
     batch: int = 256,
 ) -> Iterator[tuple[int, np.ndarray]]:
     """Each of ``users`` (in order) with its ``k`` best-scored items not in ``seen``, best
-    first; at most ``SCORES_PER_CHUNK`` users x items scores at a time."""
+    first; at most ``SCORES_PER_CHUNK`` users x items scores at a time (a ``DirectRanker``
+    ranks each user directly)."""
+    if isinstance(score_users, DirectRanker):
+        for u in users.tolist():
+            yield u, score_users.top(u, seen[u], k)
+        return
     start, block = 0, 1  # the first block (one user) tells the catalog's width
     while start < len(users):
         chunk = users[start : start + block]

@@ -30,9 +30,25 @@ def popularity(data: RetrievalData) -> np.ndarray:
     )
 
 
-def popularity_scores(data: RetrievalData) -> Callable[[np.ndarray], np.ndarray]:
-    counts = popularity(data)
-    return lambda users: np.broadcast_to(counts, (len(users), len(counts)))
+class PopularityRanking:
+    """Popularity as a scorer (a ``DirectRanker``): every user gets the same scores, so one
+    ranking of the catalog serves all of them; a user's top ``k`` are the first ``k`` of it
+    they have not seen (ties: the lower position first)."""
+
+    def __init__(self, counts: np.ndarray) -> None:
+        self.counts = counts
+        self.order = np.argsort(-counts, kind="stable")
+
+    def __call__(self, users: np.ndarray) -> np.ndarray:
+        return np.broadcast_to(self.counts, (len(users), len(self.counts)))
+
+    def top(self, user: int, seen: np.ndarray, k: int) -> np.ndarray:
+        head = self.order[: k + len(seen)]  # holds k unseen items, whatever was seen
+        return head[~np.isin(head, seen)][:k]
+
+
+def popularity_scores(data: RetrievalData) -> PopularityRanking:
+    return PopularityRanking(popularity(data))
 
 
 class NegativeSampler:

@@ -76,6 +76,19 @@ class ItemNeighbors:
         order = np.lexsort((items, -scores))  # ties: the lower position first (deterministic)
         return items[order].astype(np.int64), scores[order].astype(np.float32)
 
+    def top(self, history: np.ndarray, seen: np.ndarray, k: int) -> np.ndarray:
+        """The ``k`` items a full ranking of ``scores`` puts first for this history, without
+        scoring the catalog: the scored items (``candidates``), then the unscored ones from
+        the lowest position up (a full ranking's ties). ``seen`` (excluded) holds the
+        history wherever this is used: the history is made of training positives."""
+        items, _ = self.candidates(history, k, seen)
+        missing = k - len(items)
+        if missing <= 0:
+            return items
+        taken = np.concatenate([np.asarray(seen, np.int64), items, np.asarray(history, np.int64)])
+        head = np.arange(min(self.n_items, missing + len(taken)))
+        return np.concatenate([items, head[~np.isin(head, taken)][:missing]])
+
     def scores(self, histories: list[np.ndarray]) -> np.ndarray:
         """``[len(histories), n_items]`` summed similarities (for full-ranking evaluation)."""
         out = np.zeros((len(histories), self.n_items), dtype=np.float32)
@@ -167,3 +180,18 @@ def build_item_neighbors(
     neighbors[rows[kept], rank[kept]] = columns[kept]
     similarity[rows[kept], rank[kept]] = cosine[kept]
     return ItemNeighbors(neighbors, similarity)
+
+
+class NeighborRanking:
+    """The neighbour source as an evaluation scorer (a ``DirectRanker``) over users whose
+    recent histories are ``histories`` (item positions, by user position)."""
+
+    def __init__(self, neighbors: ItemNeighbors, histories: list[np.ndarray]) -> None:
+        self.neighbors = neighbors
+        self.histories = histories
+
+    def __call__(self, users: np.ndarray) -> np.ndarray:
+        return self.neighbors.scores([self.histories[u] for u in users])
+
+    def top(self, user: int, seen: np.ndarray, k: int) -> np.ndarray:
+        return self.neighbors.top(self.histories[user], seen, k)

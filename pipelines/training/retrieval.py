@@ -37,6 +37,7 @@ from pipelines.training.item_neighbors import (
     REPORTED_BUDGET,
     REPORTED_SHARE,
     ItemNeighbors,
+    NeighborRanking,
     build_item_neighbors,
     merge_candidates,
 )
@@ -380,11 +381,11 @@ def run_retrieval(
     emit(f"item neighbours: {config.neighbor_width} per item, built in {took:.1f} s")
     histories = history_positions(data)
     items = item_embeddings(model, data)  # scored against here, saved below
-    scorers = {
+    scorers: dict[str, Callable[[np.ndarray], np.ndarray]] = {
         "two_tower": two_tower_scores(model, data, items),
         "bpr_mf": bpr_scores(bpr),
         "popularity": popularity_scores(data),
-        "item_neighbors": lambda users: neighbors.scores([histories[u] for u in users]),
+        "item_neighbors": NeighborRanking(neighbors, histories),
     }
     if ease is not None:
         scorers["ease"] = ease.scores

@@ -1,9 +1,18 @@
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
-from pipelines.evaluation.metrics import auc, logloss, retrieval_metrics
+from pipelines.evaluation.metrics import (
+    DirectRanker,
+    auc,
+    logloss,
+    ranked_tops,
+    retrieval_metrics,
+)
+from pipelines.training.baselines import PopularityRanking
 
 
 def test_recall_and_ndcg_on_a_hand_checked_ranking() -> None:
@@ -66,3 +75,38 @@ def test_scores_are_computed_in_bounded_blocks_with_the_same_result(
     monkeypatch.setattr(metrics_module, "SCORES_PER_CHUNK", 50 * 7)  # 7 users of 50 items
     assert metrics_module.retrieval_metrics(score, test, seen, 60) == whole
     assert blocks[0] == 1 and max(blocks) == 7
+
+
+def full_ranking(scorer: Any) -> Any:
+    """The same scores, seen by ``ranked_tops`` as a plain scorer (the whole catalog ranked)."""
+    return lambda users: scorer(users)
+
+
+def test_popularity_ranks_each_user_directly_as_a_full_ranking_would() -> None:
+    rng = np.random.default_rng(0)
+    counts = rng.permutation(500).astype(np.float32)  # no ties: one right answer per user
+    ranking = PopularityRanking(counts)
+    assert isinstance(ranking, DirectRanker)
+    seen = [rng.choice(500, size, replace=False) for size in (0, 5, 60, 490)]
+    users = np.arange(len(seen))
+    direct = dict(ranked_tops(ranking, users, seen, 20))
+    full = dict(ranked_tops(full_ranking(ranking), users, seen, 20))
+    for u in users.tolist():
+        assert len(direct[u]) == min(20, 500 - len(seen[u]))  # never a seen item
+        assert direct[u].tolist() == full[u][: len(direct[u])].tolist()
+    # with ties the same scores come first, ties by the lower position
+    tied = PopularityRanking(np.asarray([1, 3, 3, 0, 3, 1], np.float32))
+    assert tied.top(0, np.asarray([2]), 4).tolist() == [1, 4, 0, 5]
+
+
+def test_ranked_tops_asks_a_direct_ranker_for_tops_and_never_scores_the_catalog() -> None:
+    class OnlyTops:
+        def __call__(self, users: np.ndarray) -> np.ndarray:
+            raise AssertionError("the catalog was scored")
+
+        def top(self, user: int, seen: np.ndarray, k: int) -> np.ndarray:
+            return np.asarray([user, 7, 8])[:k]
+
+    metrics = retrieval_metrics(OnlyTops(), np.array([[0, 7], [1, 1]]), np.zeros((0, 2), int), 2)
+    assert metrics["recall@10"] == 1.0
+    assert metrics["ndcg@10"] == pytest.approx((1 / np.log2(3) + 1) / 2)

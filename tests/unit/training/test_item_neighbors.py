@@ -7,8 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pipelines.evaluation.metrics import DirectRanker, ranked_tops
 from pipelines.training.item_neighbors import (
     ItemNeighbors,
+    NeighborRanking,
     build_item_neighbors,
     capped_positives,
 )
@@ -108,3 +110,27 @@ def test_candidate_sources_counts_what_each_candidate_set_recalls() -> None:
         "recall@3 ann": 0.25,
         "recall@3 ann+item_neighbors_1": 0.75,
     }
+
+
+def test_the_neighbour_ranking_gives_each_user_the_full_rankings_top_without_scoring_all() -> None:
+    rng = np.random.default_rng(1)
+    liked = {u: rng.choice(200, rng.integers(1, 12), replace=False).tolist() for u in range(300)}
+    table = build_item_neighbors(pairs(liked), n_items=200, width=8)
+    histories = [np.asarray(liked[u][-5:]) for u in range(300)]
+    ranking = NeighborRanking(table, histories)
+    assert isinstance(ranking, DirectRanker)
+    seen = [np.asarray(liked[u]) for u in range(300)]  # the history is among what was seen
+    users = np.arange(300)
+    direct = dict(ranked_tops(ranking, users, seen, 20))
+    full = dict(ranked_tops(lambda u: ranking(u), users, seen, 20))
+    scores = ranking(users)
+    for u in users.tolist():
+        assert len(direct[u]) == 20 and not np.isin(direct[u], seen[u]).any()
+        # the same scores in the same order (ties may pick other items of equal score)
+        assert scores[u, direct[u]] == pytest.approx(scores[u, full[u]], rel=1e-5)
+        scored = direct[u][scores[u, direct[u]] > 0]
+        unscored = direct[u][len(scored) :]
+        assert scored.tolist() == table.candidates(histories[u], 20, seen[u])[0].tolist()
+        # what has no score is filled from the lowest unseen positions up
+        free = np.setdiff1d(np.arange(200), np.concatenate([seen[u], scored]))
+        assert unscored.tolist() == free[: len(unscored)].tolist()
