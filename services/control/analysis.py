@@ -4,11 +4,14 @@ production version, from cumulative per-arm counts (pure functions, no I/O).
 Order of the checks, the first that decides wins:
 
 1. **Sample-ratio mismatch** (``halt``, reason ``srm``): the observed split of requests against
-   the configured canary weight, Pearson chi-square with one degree of freedom,
-   ``chi2 = sum (observed - expected)^2 / expected`` and ``p = erfc(sqrt(chi2 / 2))``. Judged
-   once each arm expects at least ``SRM_MIN_EXPECTED`` requests (the usual validity rule of the
-   chi-square approximation). A canary that gets no traffic while production gets plenty is a
-   routing fault and halts here; no traffic at all is a ``hold``.
+   the configured canary weight, as the always-valid p of a normal-mixture SPRT on the
+   canary's share (``srm_test`` with ``srm_tau``; the statistic is Pearson's chi-square with
+   one degree of freedom, with the variance measured between user clusters when larger), so
+   the test keeps its level over every look of a rollout, as the CTR test does (a one-look
+   chi-square p repeated at every look halts about 1 % of healthy rollouts at p < 0.001).
+   Judged once each arm expects at least ``SRM_MIN_EXPECTED`` requests (the usual validity
+   rule of the normal approximation). A canary that gets no traffic while production gets
+   plenty is a routing fault and halts here; no traffic at all is a ``hold``.
 2. **Guardrails** (``fail`` at once, reasons ``error_rate``, ``degraded_rate``, ``latency``), judged
    once both arms have ``min_requests``. A rate breaches when its increase over production is above
    the configured maximum *and* the always-valid confidence sequence below says the canary's rate
@@ -115,14 +118,23 @@ class AnalysisConfig:
     max_p99_increase_ms: float = 25.0
     """...and by at least this many milliseconds: a 2 ms against 1 ms p99 is no breach, and a
     p99 of a few hundred requests on a busy machine moves by tens of ms on its own."""
-    srm_alpha: float = 0.001
-    """Chi-square level of the sample-ratio test: strict, as it is repeated every interval."""
+    srm_alpha: float = 0.01
+    """Level of the sample-ratio test over all looks of a rollout (always valid)."""
+    srm_tau: float = 0.075
+    """Prior sd of the canary share's deviation from its weight ``w``, in units of
+    ``sqrt(w (1 - w))`` (0.03 at w = 0.2, 0.0375 at 0.5): mismatches of that size are found
+    soonest; the size routing faults make (a replica stuck on production, a lost share)."""
 
     def __post_init__(self) -> None:
         for name in ("alpha", "srm_alpha"):
             if not 0.0 < getattr(self, name) < 1.0:
                 raise ConfigError(f"{name} must lie in (0, 1), got {getattr(self, name)}")
-        for name in ("mixture_tau", "max_error_rate_increase", "max_degraded_rate_increase"):
+        for name in (
+            "mixture_tau",
+            "srm_tau",
+            "max_error_rate_increase",
+            "max_degraded_rate_increase",
+        ):
             if getattr(self, name) <= 0.0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         if not 0.0 <= self.non_inferiority_margin < 1.0:
@@ -234,13 +246,14 @@ def _srm_check(
     values: dict[str, Value],
     variance: float | None = None,
 ) -> Check:
-    chi2, p = srm_test(control_requests, canary_requests, canary_weight, variance)
+    chi2, p = srm_test(control_requests, canary_requests, canary_weight, variance, config.srm_tau)
     total = control_requests + canary_requests
     values.update(srm_chi2=chi2, srm_p=p, srm_expected_canary=total * canary_weight)
     split = f"canary {canary_requests} of {total} requests, configured weight {canary_weight:g}"
     if total * min(canary_weight, 1.0 - canary_weight) < SRM_MIN_EXPECTED:
         return Check("srm", p, config.srm_alpha, None, f"{split}: too few to judge")
-    return Check("srm", p, config.srm_alpha, p >= config.srm_alpha, f"{split}: chi2 {chi2:.3g}")
+    detail = f"{split}: chi2 {chi2:.3g}, always-valid p {p:.3g}"
+    return Check("srm", p, config.srm_alpha, p >= config.srm_alpha, detail)
 
 
 def _guardrail_checks(

@@ -204,6 +204,33 @@ def test_srm_cross_checked_against_scipy():
     assert p == pytest.approx(stats.chi2.sf(chi2, df=1), rel=1e-9)
 
 
+def _split_halt_rate(canary_share: float, looks: int, tau: float | None, reps: int = 1500) -> float:
+    """Independent requests, 50 a look, 20 % assigned to the canary: the share of rollouts
+    whose split test halts at some look (the canary's true share ``canary_share``)."""
+    rng = np.random.default_rng(11)
+    canary = np.cumsum(rng.binomial(50, canary_share, size=(reps, looks)), axis=1)
+    total = 50 * np.arange(1, looks + 1)
+    halted = 0
+    for row in canary:
+        for c, n in zip(row.tolist(), total.tolist(), strict=True):
+            if n * 0.2 >= 5 and srm_test(n - c, c, 0.2, None, tau)[1] < CONFIG.srm_alpha:
+                halted += 1
+                break
+    return halted / reps
+
+
+def test_the_split_test_keeps_its_level_however_many_looks_judge_it():
+    # the one-look p, repeated, halts a healthy rollout more often the more it is looked at
+    assert _split_halt_rate(0.2, looks=100, tau=None) > 3 * CONFIG.srm_alpha
+    for looks in (10, 100):
+        assert _split_halt_rate(0.2, looks, CONFIG.srm_tau) <= CONFIG.srm_alpha
+
+
+def test_the_always_valid_split_test_finds_a_canary_short_of_its_share():
+    # 15 % of requests where 20 % were assigned: found within 2,000 requests nearly always
+    assert _split_halt_rate(0.15, looks=40, tau=CONFIG.srm_tau) >= 0.9
+
+
 def test_split_mismatch_halts_before_anything_else():
     # the canary also breaches the error guardrail: the mismatch still decides first
     decision = look(arm(5_000, 250), arm(4_000, 200, errors=400))

@@ -155,7 +155,8 @@ def _split_fail_rate(clustered: bool, reps: int = 300, seed: int = 6) -> float:
                     (np.asarray(split.clusters[arm]) + counts).astype(int).tolist()
                 )
             control, canary, weight, variance = record.split_test_counts()
-            _, p = srm_test(control, canary, weight, variance if clustered else None)
+            spread = variance if clustered else None
+            _, p = srm_test(control, canary, weight, spread, CONFIG.srm_tau)
             if p < CONFIG.srm_alpha:
                 halted += 1
                 break
@@ -177,7 +178,7 @@ def test_a_canary_that_gets_no_users_still_halts_with_the_clustered_variance():
         for _ in range(3):
             split.add(str(user), canary=False)
     control, canary, weight, variance = record.split_test_counts()
-    assert canary == 0 and srm_test(control, canary, weight, variance)[1] < 1e-6
+    assert canary == 0 and srm_test(control, canary, weight, variance, CONFIG.srm_tau)[1] < 1e-6
 
 
 def _latency_arm(slow_share: float, requests: int = 4_000, seed: int = 0) -> ArmStats:
