@@ -1,6 +1,9 @@
 """Retrieval stage: candidates from two sources, deduplicated, within one budget.
 
-- ANN: query tower -> user embedding -> search over the item index;
+- ANN: query tower -> user embedding -> search over the item index, for the budget plus as
+  many as the user has seen (at most ``MAX_SEARCH``), the seen ones dropped: a model that
+  learned from a user's items ranks them high, and filtering would drop them, leaving a
+  heavy user's answer short (filled from popularity, a degraded answer);
 - item neighbours: the neighbours of the user's recent items that the ANN did not find
   (``pipelines.training.item_neighbors``), up to ``neighbor_candidates`` of the budget, scored
   by the same two-tower dot product as the ANN's, so that every candidate's retrieval score
@@ -26,6 +29,7 @@ from services.resilience import CircuitBreaker
 FROM_ANN = RETRIEVED.labels(source="ann")
 FROM_NEIGHBORS = RETRIEVED.labels(source="item_neighbors")
 FROM_POPULARITY = RETRIEVED.labels(source="popularity")
+MAX_SEARCH = 2048  # the most results one ANN search asks for (FAISS's GPU search limit)
 
 
 def popularity_candidates(release: Release, count: int) -> tuple[np.ndarray, np.ndarray]:
@@ -52,6 +56,14 @@ class ModelStage:
         self.timeout_s = timeout_s
 
 
+def seen_positions(release: Release, ctx: RequestContext) -> np.ndarray:
+    """The catalog positions of the items the user has seen (none for an unknown user)."""
+    if ctx.user is None or not len(ctx.user.seen):
+        return np.zeros(0, np.int64)
+    positions = release.positions(np.asarray(ctx.user.seen, np.int64))
+    return positions[positions >= 0]
+
+
 class RetrievalStage(ModelStage):
     name = "retrieval"
 
@@ -76,8 +88,8 @@ class RetrievalStage(ModelStage):
         if release.neighbors is None or ctx.user is None or count <= 0 or not len(ctx.user.recent):
             return np.zeros(0, np.int64), np.zeros(0, np.float32)
         recent = np.asarray(ctx.user.recent, np.int64)[-release.features.history_length :]
-        seen = release.positions(np.asarray(ctx.user.seen, np.int64))
-        return release.neighbors.candidates(release.positions(recent), count, seen[seen >= 0])
+        seen = seen_positions(release, ctx)
+        return release.neighbors.candidates(release.positions(recent), count, seen)
 
     def without_query(self, release: Release, ctx: RequestContext, wanted: int) -> RequestContext:
         """The query tower could not answer: the history's neighbours, then popularity. The
@@ -113,9 +125,14 @@ class RetrievalStage(ModelStage):
         if embedding.shape != (1, release.index.d) or not np.isfinite(embedding).all():
             ctx.degrade(self.name, "bad_scores")
             return self.without_query(release, ctx, wanted)
-        scores, positions = release.index.search(embedding, min(wanted, release.index.ntotal))
+        seen = seen_positions(release, ctx)
+        fetch = min(wanted + len(seen), max(wanted, MAX_SEARCH), release.index.ntotal)
+        scores, positions = release.index.search(embedding, fetch)
         found = positions[0] >= 0
-        ann, ann_scores = positions[0][found].astype(np.int64), scores[0][found]
+        if len(seen):
+            found &= ~np.isin(positions[0], seen)
+        ann = positions[0][found][:wanted].astype(np.int64)
+        ann_scores = scores[0][found][:wanted]
         extra, _ = self.neighbors_of_history(release, ctx, min(self.neighbor_candidates, wanted))
         if len(extra) == 0 or release.embeddings is None:
             ctx.candidates, ctx.retrieval_scores = ann, ann_scores.astype(np.float32)

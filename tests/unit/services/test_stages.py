@@ -69,6 +69,24 @@ async def test_retrieval_searches_the_index_for_a_known_user(
     assert not np.array_equal(ctx.candidates, release.popularity[:50])
 
 
+async def test_retrieval_spends_its_budget_on_items_the_user_has_not_seen(
+    exported: Path, release: Release
+) -> None:
+    stage = RetrievalStage(
+        {release.version: release}, await _backend(exported, release), _breaker(), 1.0, 50
+    )
+    user = _user(release, seen=0)
+    deep = RetrievalStage(
+        {release.version: release}, await _backend(exported, release), _breaker(), 1.0, 90
+    )
+    ranked = (await deep(_ctx(release, user=user))).candidates  # the ANN's first 90
+    user.seen = release.item_ids[ranked[:40]]  # the user has seen the ANN's 40 best
+    ctx = await stage(_ctx(release, user=user))
+    assert ctx.candidates.tolist() == ranked[40:90].tolist()
+    ctx = await FilteringStage({release.version: release}, Rules())(ctx)
+    assert len(ctx.candidates) == 50 and not ctx.degraded  # nothing filled from popularity
+
+
 async def test_retrieval_gives_popularity_to_unknown_users(
     exported: Path, release: Release
 ) -> None:
