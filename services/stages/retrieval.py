@@ -81,14 +81,16 @@ class RetrievalStage(ModelStage):
         self.neighbor_candidates = neighbor_candidates
 
     def neighbors_of_history(
-        self, release: Release, ctx: RequestContext, count: int
+        self, release: Release, ctx: RequestContext, count: int, seen: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
         """Up to ``count`` neighbours of the user's recent items that the user has not seen,
-        best first, with their summed similarities (none without a table or a history)."""
+        best first, with their summed similarities (none without a table or a history);
+        ``seen``: the user's seen positions (``seen_positions``) when already looked up."""
         if release.neighbors is None or ctx.user is None or count <= 0 or not len(ctx.user.recent):
             return np.zeros(0, np.int64), np.zeros(0, np.float32)
         recent = np.asarray(ctx.user.recent, np.int64)[-release.features.history_length :]
-        seen = seen_positions(release, ctx)
+        if seen is None:
+            seen = seen_positions(release, ctx)
         return release.neighbors.candidates(release.positions(recent), count, seen)
 
     def without_query(self, release: Release, ctx: RequestContext, wanted: int) -> RequestContext:
@@ -133,7 +135,9 @@ class RetrievalStage(ModelStage):
             found &= ~np.isin(positions[0], seen)
         ann = positions[0][found][:wanted].astype(np.int64)
         ann_scores = scores[0][found][:wanted]
-        extra, _ = self.neighbors_of_history(release, ctx, min(self.neighbor_candidates, wanted))
+        extra, _ = self.neighbors_of_history(
+            release, ctx, min(self.neighbor_candidates, wanted), seen
+        )
         if len(extra) == 0 or release.embeddings is None:
             ctx.candidates, ctx.retrieval_scores = ann, ann_scores.astype(np.float32)
             FROM_ANN.inc(len(ann))

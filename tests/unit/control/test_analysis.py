@@ -13,6 +13,7 @@ import pytest
 
 from pipelines.errors import ConfigError
 from services.control.analysis import (
+    SRM_MIN_EXPECTED,
     AnalysisConfig,
     ArmStats,
     Check,
@@ -213,7 +214,8 @@ def _split_halt_rate(canary_share: float, looks: int, tau: float | None, reps: i
     halted = 0
     for row in canary:
         for c, n in zip(row.tolist(), total.tolist(), strict=True):
-            if n * 0.2 >= 5 and srm_test(n - c, c, 0.2, None, tau)[1] < CONFIG.srm_alpha:
+            judged = n * 0.2 >= SRM_MIN_EXPECTED  # as the analysis judges
+            if judged and srm_test(n - c, c, 0.2, None, tau)[1] < CONFIG.srm_alpha:
                 halted += 1
                 break
     return halted / reps
