@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from pipelines.features.ops.base import Columns, FeatureOp
+from pipelines.features.ops.distinct import distinct
 
 NULL_ID = 0
 OOV_ID = 1
@@ -37,7 +38,8 @@ class Categorify(FeatureOp):
     """Values seen at least ``min_frequency`` times get ids from 2; 0 is null, 1 is OOV.
 
     Ids are assigned in sorted-value order and looked up with ``np.searchsorted``, so a batch
-    of any size is encoded without a Python loop.
+    of any size is encoded without a Python loop; a large one looks up each distinct value
+    once (``distinct``).
     """
 
     kind: ClassVar[str] = "categorify"
@@ -66,14 +68,31 @@ class Categorify(FeatureOp):
 
     def fit(self, columns: Columns) -> None:
         self._require(columns)
-        keys, null = _keys(columns[self.column], self.numeric)
-        uniques, counts = np.unique(keys[~null], return_counts=True)
+        values = columns[self.column]
+        found = distinct(values, exact_text=not self.numeric)
+        if found is None:
+            keys, null = _keys(values, self.numeric)
+            uniques, counts = np.unique(keys[~null], return_counts=True)
+        else:  # the keys of the distinct values, each counted as often as it occurs
+            keys, null = _keys(found[0], self.numeric)
+            rows = np.bincount(found[1], minlength=len(keys))
+            uniques, which = np.unique(keys[~null], return_inverse=True)
+            counts = np.bincount(which.reshape(-1), weights=rows[~null], minlength=len(uniques))
         self.vocabulary = uniques[counts >= self.min_frequency]
 
     def transform(self, columns: Columns) -> Columns:
         self._require(columns)
         assert self.vocabulary is not None, "fit first"
-        keys, null = _keys(columns[self.column], self.numeric)
+        values = columns[self.column]
+        found = distinct(values, exact_text=not self.numeric)
+        if found is None:
+            return {self.outputs[0]: self._ids(values)}
+        uniques, codes = found
+        return {self.outputs[0]: self._ids(uniques)[codes]}
+
+    def _ids(self, values: np.ndarray) -> np.ndarray:
+        assert self.vocabulary is not None, "fit first"
+        keys, null = _keys(values, self.numeric)
         ids = np.full(keys.shape, OOV_ID, dtype=np.int64)
         if len(self.vocabulary):
             position = np.searchsorted(self.vocabulary, keys)
@@ -81,7 +100,7 @@ class Categorify(FeatureOp):
             found = self.vocabulary[position] == keys
             ids[found] = position[found] + FIRST_ID
         ids[null] = NULL_ID
-        return {self.outputs[0]: ids}
+        return ids
 
     def config(self) -> dict[str, Any]:
         return {"column": self.column, "min_frequency": self.min_frequency, "numeric": self.numeric}

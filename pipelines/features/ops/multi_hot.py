@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from pipelines.features.ops.base import Columns, FeatureOp
+from pipelines.features.ops.distinct import distinct
 
 
 class MultiHot(FeatureOp):
@@ -27,21 +28,24 @@ class MultiHot(FeatureOp):
     def outputs(self) -> list[str]:
         return [f"{self.column}_multi_hot", f"{self.column}_first_idx"]
 
-    def _split(self, values: np.ndarray) -> list[list[str]]:
-        return [str(v).split(self.separator) if v else [] for v in np.asarray(values, dtype=object)]
-
     def fit(self, columns: Columns) -> None:
         self._require(columns)
-        uniques = np.unique(np.asarray(columns[self.column], dtype=object).astype(str))
-        names = {name for joined in uniques for name in joined.split(self.separator) if name}
-        self.vocabulary = np.asarray(sorted(names), dtype=str)
+        values = np.asarray(columns[self.column], dtype=object)
+        found = distinct(values)
+        texts = (values if found is None else found[0]).astype(str)
+        names = {name for joined in np.unique(texts) for name in joined.split(self.separator)}
+        self.vocabulary = np.asarray(sorted(name for name in names if name), dtype=str)
 
     def transform(self, columns: Columns) -> Columns:
         self._require(columns)
         assert self.vocabulary is not None, "fit first"
-        values = np.asarray(columns[self.column], dtype=object).astype(str)
+        values = np.asarray(columns[self.column], dtype=object)
         # Few distinct lists exist (combinations of genres): encode each once, then gather.
-        uniques, inverse = np.unique(values, return_inverse=True)
+        found = distinct(values)
+        if found is None:
+            uniques, inverse = np.unique(values.astype(str), return_inverse=True)
+        else:
+            uniques, inverse = found[0].astype(str), found[1]
         table = np.zeros((len(uniques), len(self.vocabulary)), dtype=np.float32)
         first = np.zeros(len(uniques), dtype=np.int64)
         index = {name: i for i, name in enumerate(self.vocabulary.tolist())}

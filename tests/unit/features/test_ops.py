@@ -113,3 +113,85 @@ def test_standardize_stacks_and_scales() -> None:
     op.fit(columns)
     out = op.transform(columns)["dense"]
     np.testing.assert_allclose(out, [[-1.0, 0.0], [1.0, 0.0]])
+
+
+def _columns_of_many_rows(rng: np.random.Generator, rows: int) -> dict[str, np.ndarray]:
+    """Columns long enough for the ops' distinct-value path, with every awkward value."""
+    pick = lambda choices: np.array(  # noqa: E731
+        [choices[i] for i in rng.integers(len(choices), size=rows)], dtype=object
+    )
+    return {
+        "ids": rng.integers(0, 500, size=rows),
+        "text": pick(["a", "b", "", "None", None, np.nan, "zz"]),
+        "unicode": np.array(["x", "y", "", "xy"])[rng.integers(4, size=rows)],
+        "mixed": pick([1, 1.0, True, "1", None, 2]),
+        "floats": np.array([0.0, -0.0, 1.5, np.nan])[rng.integers(4, size=rows)],
+        "numeric_text": pick(["30", "", None, np.nan, 41, 20.0, "None", "41"]),
+        "genres": pick(["A|B", "B", "", None, "C|A", "A|B"]),
+    }
+
+
+@pytest.mark.parametrize(
+    ("column", "numeric", "min_frequency"),
+    [
+        ("ids", False, 1),
+        ("ids", False, 30),
+        ("text", False, 1),
+        ("unicode", False, 1),
+        ("mixed", False, 1),
+        ("floats", False, 1),
+        ("numeric_text", True, 1),
+        ("floats", True, 2),
+    ],
+)
+def test_categorify_of_many_rows_equals_it_row_by_row(
+    monkeypatch: pytest.MonkeyPatch, column: str, numeric: bool, min_frequency: int
+) -> None:
+    """A large batch encodes each distinct value once: the vocabulary and every id must be
+    those of encoding the rows directly."""
+    from pipelines.features.ops import distinct
+
+    columns = _columns_of_many_rows(np.random.default_rng(0), 3 * distinct.MIN_ROWS)
+    fast = Categorify(column, min_frequency, numeric)
+    fast.fit(columns)
+    ids = fast.transform(columns)[f"{column}_idx"]
+    monkeypatch.setattr(distinct, "MIN_ROWS", 10**9)
+    direct = Categorify(column, min_frequency, numeric)
+    direct.fit(columns)
+    assert fast.vocabulary is not None and direct.vocabulary is not None
+    assert fast.vocabulary.dtype == direct.vocabulary.dtype
+    assert fast.vocabulary.tolist() == direct.vocabulary.tolist()
+    assert ids.tolist() == direct.transform(columns)[f"{column}_idx"].tolist()
+
+
+def test_multi_hot_of_many_rows_equals_it_row_by_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipelines.features.ops import distinct
+
+    columns = _columns_of_many_rows(np.random.default_rng(1), 3 * distinct.MIN_ROWS)
+    fast = MultiHot("genres")
+    fast.fit(columns)
+    out = fast.transform(columns)
+    monkeypatch.setattr(distinct, "MIN_ROWS", 10**9)
+    direct = MultiHot("genres")
+    direct.fit(columns)
+    assert fast.vocabulary is not None and direct.vocabulary is not None
+    assert fast.vocabulary.tolist() == direct.vocabulary.tolist()
+    expected = direct.transform(columns)
+    for name, values in out.items():
+        np.testing.assert_array_equal(values, expected[name])
+
+
+def test_distinct_values_gather_back_to_the_rows_and_never_merge_texts() -> None:
+    from pipelines.features.ops.distinct import MIN_ROWS, distinct
+
+    columns = _columns_of_many_rows(np.random.default_rng(2), 2 * MIN_ROWS)
+    for name in ("ids", "text", "unicode", "genres"):
+        found = distinct(columns[name])
+        assert found is not None, name
+        uniques, codes = found
+        assert uniques[codes].astype(str).tolist() == columns[name].astype(str).tolist()
+    # 1 == 1.0 == True and 0.0 == -0.0, but their texts differ: not for a text key
+    assert distinct(columns["mixed"]) is None
+    assert distinct(columns["floats"]) is None
+    assert distinct(columns["floats"], exact_text=False) is not None
+    assert distinct(columns["ids"][: MIN_ROWS - 1]) is None  # a small batch: encoded directly
