@@ -11,7 +11,7 @@ Writes into a work directory:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,8 @@ class RetrievalData:
     item_dense: np.ndarray  # [n_items, n_genres + 1] float32
     item_log_q: np.ndarray  # [n_items] log sampling probability of each item as a positive
     positives: dict[str, np.ndarray]  # split -> [n, 2] (user position, item position)
+    # values computed from the fields above once and kept (the evaluation's per-user groups)
+    derived: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def save(self, path: Path) -> None:
         arrays: dict[str, Any] = {

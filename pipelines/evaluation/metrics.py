@@ -14,7 +14,9 @@ SCORES_PER_CHUNK = 1 << 25  # users x items scored at once (128 MB of float32)
 
 def group_positives(pairs: np.ndarray, n_users: int) -> list[np.ndarray]:
     """``[n, 2]`` (user, item) pairs -> per-user sorted arrays of items."""
-    order = np.lexsort((pairs[:, 1], pairs[:, 0]))
+    pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+    width = int(pairs[:, 1].max()) + 1 if len(pairs) else 1
+    order = np.argsort(pairs[:, 0] * width + pairs[:, 1])  # by user, then item: one key
     users, items = pairs[order, 0], pairs[order, 1]
     bounds = np.searchsorted(users, np.arange(n_users + 1))
     return [items[bounds[u] : bounds[u + 1]] for u in range(n_users)]
@@ -40,10 +42,23 @@ def retrieval_metrics(
         max_users: evaluate a seeded random sample of this many users (large catalogs).
     """
     truth = group_positives(test, n_users)
-    users = evaluated_users(truth, max_users, seed)
-    per_user = per_user_retrieval(
-        score_users, users, truth, group_positives(seen, n_users), ks=ks, batch=batch
+    return mean_retrieval(
+        score_users, truth, group_positives(seen, n_users), max_users, ks, batch, seed
     )
+
+
+def mean_retrieval(
+    score_users: Callable[[np.ndarray], np.ndarray],
+    truth: list[np.ndarray],
+    seen: list[np.ndarray],
+    max_users: int | None = None,
+    ks: tuple[int, ...] = KS,
+    batch: int = 256,
+    seed: int = 0,
+) -> dict[str, float]:
+    """``retrieval_metrics`` on positives already grouped per user (``group_positives``)."""
+    users = evaluated_users(truth, max_users, seed)
+    per_user = per_user_retrieval(score_users, users, truth, seen, ks=ks, batch=batch)
     return {name: float(values.sum()) / max(len(users), 1) for name, values in per_user.items()}
 
 

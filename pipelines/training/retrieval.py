@@ -15,9 +15,9 @@ import numpy as np
 import torch
 
 from pipelines.config import TrainConfig
-from pipelines.evaluation.metrics import evaluated_users, group_positives, ranked_tops
+from pipelines.evaluation.metrics import evaluated_users, ranked_tops
 from pipelines.evaluation.popularity_check import describe, popularity_check
-from pipelines.evaluation.protocol import evaluate_split, seen_pairs
+from pipelines.evaluation.protocol import evaluate_split, split_groups
 from pipelines.features.ops.categorify import OOV_ID
 from pipelines.features.spec import ITEM_TOWER_COLUMNS, USER_TOWER_COLUMNS, cardinality
 from pipelines.features.workflow import Workflow
@@ -338,9 +338,7 @@ def candidate_sources(
     alone against the ANN with ``share`` of them from the neighbour source (what the ANN did
     not find; ``merge_candidates``), as serving merges them. One scoring pass: both sets
     come from the same top ``budget``."""
-    n_users = len(data.user_ids)
-    seen = group_positives(seen_pairs(data, "test"), n_users)
-    truth = group_positives(data.positives["test"], n_users)
+    truth, seen = split_groups(data, "test")
     users = evaluated_users(truth, max_users)
     union = f"ann+item_neighbors_{share}"
     found = {"ann": 0.0, union: 0.0}

@@ -110,3 +110,56 @@ def test_ranked_tops_asks_a_direct_ranker_for_tops_and_never_scores_the_catalog(
     metrics = retrieval_metrics(OnlyTops(), np.array([[0, 7], [1, 1]]), np.zeros((0, 2), int), 2)
     assert metrics["recall@10"] == 1.0
     assert metrics["ndcg@10"] == pytest.approx((1 / np.log2(3) + 1) / 2)
+
+
+def test_group_positives_sorts_each_users_items_and_keeps_repeats() -> None:
+    from pipelines.evaluation.metrics import group_positives
+
+    rng = np.random.default_rng(0)
+    pairs = np.stack([rng.integers(0, 40, 500), rng.integers(0, 1000, 500)], axis=1)
+    grouped = group_positives(pairs, 45)
+    assert len(grouped) == 45 and all(len(grouped[u]) == 0 for u in range(40, 45))
+    for user in range(40):
+        assert grouped[user].tolist() == sorted(pairs[pairs[:, 0] == user, 1].tolist())
+    assert [len(g) for g in group_positives(np.zeros((0, 2), np.int64), 3)] == [0, 0, 0]
+
+
+def test_each_split_is_grouped_once_whatever_the_models_evaluated_on_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pipelines.evaluation import protocol
+    from pipelines.prepare import RetrievalData
+
+    rng = np.random.default_rng(1)
+    pairs = np.unique(np.stack([rng.integers(0, 20, 200), rng.integers(0, 30, 200)], 1), axis=0)
+    order = rng.permutation(len(pairs))
+    empty = np.zeros(0)
+    data = RetrievalData(
+        user_ids=np.arange(20),
+        item_ids=np.arange(30),
+        user_features=empty,
+        history=empty,
+        item_features=empty,
+        item_dense=empty,
+        item_log_q=empty,
+        positives={
+            "train": pairs[order[:120]],
+            "valid": pairs[order[120:160]],
+            "test": pairs[order[160:]],
+        },
+    )
+    calls: list[int] = []
+    grouping = protocol.group_positives
+    monkeypatch.setattr(
+        protocol, "group_positives", lambda p, n: calls.append(len(p)) or grouping(p, n)
+    )
+    scores = rng.random((20, 30)).astype(np.float32)
+    first = protocol.evaluate_split(lambda users: scores[users], data, "test")
+    again = protocol.evaluate_split(lambda users: scores[users] * 2, data, "test")
+    assert first == again and len(calls) == 2  # the test positives and the excluded ones
+    expected = retrieval_metrics(
+        lambda users: scores[users], data.positives["test"], protocol.seen_pairs(data, "test"), 20
+    )
+    assert first == expected
+    protocol.evaluate_split(lambda users: scores[users], data, "valid")
+    assert len(calls) == 4

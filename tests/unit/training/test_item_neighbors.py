@@ -89,6 +89,7 @@ def test_candidate_sources_counts_what_each_candidate_set_recalls() -> None:
             "valid": np.zeros((0, 2), np.int64),
             "test": np.array([[0, 3], [0, 4], [1, 0]]),
         },
+        derived={},
     )
     table = ItemNeighbors(
         np.array([[-1], [4], [0], [-1], [-1], [-1]], dtype=np.int32),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -50,6 +51,7 @@ def test_report_gets_the_lines_and_quiet_silences_them() -> None:
     model = _model()
     train_epochs(model, _batches, _loss(model), 3, 1e-2, "toy", report=lines.append)
     assert len(lines) == 3 and lines[0].startswith("toy epoch 1/3: loss=")
+    assert re.search(r"\(trained in \d+ s\)$", lines[0])  # how long the epoch took
     lines.clear()
     train_epochs(model, _batches, _loss(model), 3, 1e-2, "toy", report=lines.append, quiet=True)
     assert lines == []
@@ -71,6 +73,7 @@ def test_training_stops_after_patience_validations_without_improvement() -> None
     )
     assert [r["epoch"] for r in history] == [1, 2, 3, 4, 5]  # epochs 3, 4, 5 did not improve
     assert "stopped early after epoch 5" in lines[-1]
+    assert re.search(r"\(trained in \d+ s, validated in \d+ s\)$", lines[0])
     best = best_record(history, "valid")
     assert best is not None and best["epoch"] == 2 and best.get("best") == 1.0
 
