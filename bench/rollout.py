@@ -169,6 +169,18 @@ class Traffic:
     feedback_retries: int = 0
     clicks: int = 0
     degraded: Counter[str] = field(default_factory=Counter)  # answers per degraded reason
+    latencies_ms: list[float] = field(default_factory=list)  # as the client saw each answer
+    seconds: float = 0.0  # how long the users asked
+
+    def pace(self) -> dict[str, float]:
+        """Answers per second over the run and the client-side latency quantiles: a stack
+        slowing down over repetitions shows here, not only in the time to a decision."""
+        latencies = np.asarray(self.latencies_ms or [np.nan])
+        return {
+            "answers_per_s": round(len(self.answers) / self.seconds, 1) if self.seconds else 0.0,
+            "latency_p50_ms": round(float(np.percentile(latencies, 50)), 1),
+            "latency_p99_ms": round(float(np.percentile(latencies, 99)), 1),
+        }
 
     @property
     def non_200(self) -> int:
@@ -194,11 +206,13 @@ async def users_clicking(
 
     async def one(http: httpx.AsyncClient, user_id: int, draws: np.ndarray) -> None:
         async with gate:
+            asked = time.perf_counter()
             try:
                 answer = await http.post("/v1/recommend", json={"user_id": user_id, "k": k})
             except httpx.HTTPError:
                 traffic.transport_errors += 1
                 return
+            traffic.latencies_ms.append((time.perf_counter() - asked) * 1e3)
             traffic.statuses[answer.status_code] += 1
             if answer.status_code != 200:
                 return
@@ -256,6 +270,7 @@ async def users_clicking(
             task.add_done_callback(tasks.discard)
             number += 1
         await asyncio.gather(*tasks)
+        traffic.seconds = time.monotonic() - started
 
 
 async def logged_versions(store: RedisStore, after: str) -> list[tuple[str, str, int]]:
@@ -516,6 +531,7 @@ def summary(
         "feedback_non_200": traffic.feedback_non_200,
         "feedback_retries": traffic.feedback_retries,
         "served": dict(Counter(str(v) for v in traffic.answers.values())),
+        **traffic.pace(),
     }
 
 
@@ -539,7 +555,17 @@ async def scenario_resume(stack: Stack) -> dict[str, Any]:
 
 
 async def scenario_aa(stack: Stack, repetitions: int) -> dict[str, Any]:
-    runs = [await rollout(stack, GOOD, TWIN) for _ in range(repetitions)]
+    runs = []
+    for repetition in range(1, repetitions + 1):
+        run = await rollout(stack, GOOD, TWIN)
+        runs.append(run)
+        ctr = {arm: counts["ctr"] for arm, counts in sorted(run["arms"].items())}
+        print(
+            f"   aa {repetition}/{repetitions}: {run['outcome']} ({run['reason']}) after "
+            f"{run['time_to_decision_s']} s; {run['answers_per_s']} answers/s, client p99 "
+            f"{run['latency_p99_ms']} ms; last step's CTR {ctr}",
+            flush=True,
+        )
     outcomes = Counter(f"{r['outcome']}:{r['reason']}" for r in runs)
     false_kpi = sum(
         r["outcome"] == "rolled_back"
@@ -553,6 +579,8 @@ async def scenario_aa(stack: Stack, repetitions: int) -> dict[str, Any]:
         "false_rollback_rate": round(false_kpi / repetitions, 3) if repetitions else None,
         "deadline_rollbacks": outcomes.get("rolled_back:no_traffic", 0),
         "time_to_decision_s": [r["time_to_decision_s"] for r in runs],
+        "answers_per_s": [r["answers_per_s"] for r in runs],
+        "latency_p99_ms": [r["latency_p99_ms"] for r in runs],
         "arms": [r["arms"] for r in runs],
         "non_200": sum(r["non_200"] for r in runs),
         "statuses": dict(sum((Counter(r["statuses"]) for r in runs), Counter())),

@@ -8,6 +8,8 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import torch
 
+from pipelines.threads import all_cores
+
 KS = (10, 20)
 SCORES_PER_CHUNK = 1 << 25  # users x items scored at once (128 MB of float32)
 
@@ -109,8 +111,10 @@ def ranked_tops(
         block = max(1, min(batch, SCORES_PER_CHUNK // max(scores.shape[1], 1)))
         for row, u in enumerate(chunk):
             scores[row, seen[u]] = -np.inf
-        # torch.topk: about 2.5x faster than np.argpartition + argsort over a 1M-item row
-        best = torch.topk(torch.from_numpy(scores), min(k, scores.shape[1]), dim=1)
+        # torch.topk: about 2.5x faster than np.argpartition + argsort over a 1M-item row,
+        # and 1.6x faster again on 2 cores than on the training step's one thread
+        with all_cores():
+            best = torch.topk(torch.from_numpy(scores), min(k, scores.shape[1]), dim=1)
         yield from zip(chunk.tolist(), best.indices.numpy(), strict=True)
         start += len(chunk)
 

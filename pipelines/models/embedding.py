@@ -1,7 +1,7 @@
 """Embedding tables whose gradient kind follows their size.
 
-A sparse gradient (``sparse=True``, updated by SparseAdam in the rows a batch touched) pays
-off only for large tables: for a table of a few thousand rows, SparseAdam's per-step
+A sparse gradient (``sparse=True``, updated by ``LazyAdam`` in the rows a batch touched) pays
+off only for large tables: for a table of a few thousand rows, a sparse optimizer's per-step
 bookkeeping (coalesce, index, scatter per table) costs more than a dense Adam update of the
 whole table. Profiling the two-tower step on MovieLens put SparseAdam at ~45% of the step
 with every table sparse.

@@ -28,6 +28,7 @@ from pipelines.features.workflow import Workflow
 from pipelines.models.dlrm import DLRM
 from pipelines.models.gbm import TreeRanker, tree_features
 from pipelines.storage import column_names, read_columns
+from pipelines.threads import all_cores
 from pipelines.training.loop import (
     EarlyStopping,
     device,
@@ -54,10 +55,12 @@ def ranking_inputs(path: Path) -> dict[str, np.ndarray]:
 
 @torch.no_grad()
 def dlrm_logits(model: DLRM, inputs: dict[str, np.ndarray]) -> np.ndarray:
+    """DLRM's logit of every row of a split (one large op: on every core)."""
     model.eval()
     where = model_device(model)
     sparse, dense = torch.from_numpy(inputs["sparse"]), torch.from_numpy(inputs["dense"])
-    return model(sparse.to(where), dense.to(where)).float().cpu().numpy()
+    with all_cores():
+        return model(sparse.to(where), dense.to(where)).float().cpu().numpy()
 
 
 def build_dlrm(workflow: Workflow, n_dense: int, config: TrainConfig) -> DLRM:
@@ -153,7 +156,7 @@ def run_ranking(
     (report or print)(
         f"gbm: {len(tree_curve['valid'])} rounds, valid_logloss={tree_curve['valid'][-1]:.4f}"
     )
-    valid_dlrm, valid_tree = dlrm_logits(model, valid), tree.logits(valid_x)
+    valid_dlrm, valid_tree = dlrm_logits(model, valid), tree.logits(valid_x, config.threads)
     weight = fit_blend_weight(valid["label"], valid_dlrm, valid_tree)
     check = popularity_check(
         "ranker",
@@ -165,7 +168,8 @@ def run_ranking(
     )
     (report or print)(describe(check))
 
-    test_dlrm, test_tree = dlrm_logits(model, test), tree.logits(tree_features(test)[0])
+    test_dlrm = dlrm_logits(model, test)
+    test_tree = tree.logits(tree_features(test)[0], config.threads)
     result = {
         "metrics": {
             "dlrm": _scores(test["label"], test_dlrm),

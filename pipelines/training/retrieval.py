@@ -24,6 +24,7 @@ from pipelines.features.workflow import Workflow
 from pipelines.models.two_tower import ItemTower, QueryTower, TwoTower
 from pipelines.models.two_tower_ensemble import TwoTowerEnsemble
 from pipelines.prepare import RetrievalData
+from pipelines.threads import all_cores
 from pipelines.training.baselines import (
     SELECTION_METRIC,
     bpr_scores,
@@ -87,10 +88,13 @@ def build_member(workflow: Workflow, n_item_dense: int, config: TrainConfig) -> 
 
 @torch.no_grad()
 def item_embeddings(model: Retriever, data: RetrievalData) -> np.ndarray:
+    """The served vector of every catalog item (one large op: on every core)."""
     model.eval()
     where = model_device(model)
     features = torch.from_numpy(data.item_features).to(where)
-    return model.served_items(features, torch.from_numpy(data.item_dense).to(where)).cpu().numpy()
+    with all_cores():
+        items = model.served_items(features, torch.from_numpy(data.item_dense).to(where))
+    return items.cpu().numpy()
 
 
 @torch.no_grad()
