@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from pipelines.data.schema import RawDataset
+from pipelines.errors import DataError
 from pipelines.features.ops import Columns
 from pipelines.features.rows import ITEM_ATTRIBUTES, USER_ATTRIBUTES, AttributeTable, labelled_rows
 from pipelines.features.spec import (
@@ -82,12 +83,19 @@ def _take(columns: Columns, rows: np.ndarray) -> Columns:
     return {k: v[rows] for k, v in columns.items()}
 
 
-def _positions(ids: np.ndarray, catalog: np.ndarray) -> np.ndarray:
-    """The position of each of ``ids`` in ``catalog`` (unique ids, each of ``ids`` among them),
-    by hash lookup: 20x a sorted search for 10M ids in a 1M catalog."""
+def _positions(ids: np.ndarray, catalog: np.ndarray, what: str, source: str) -> np.ndarray:
+    """The position of each of ``ids`` in ``catalog`` (unique ids), by hash lookup: 20x a
+    sorted search for 10M ids in a 1M catalog. An id the catalog lacks fails with a
+    ``DataError`` naming ``source`` and ``what`` ("user", "item"), never a wrong position."""
     positions = pd.Index(catalog).get_indexer(ids)
-    if (positions < 0).any():
-        raise ValueError(f"{int((positions < 0).sum())} ids are not in the catalog")
+    unknown = positions < 0
+    if unknown.any():
+        examples = ", ".join(str(i) for i in np.unique(np.asarray(ids)[unknown])[:5])
+        raise DataError(
+            source,
+            f"{int(unknown.sum())} interactions name a {what} id missing from the {what}s "
+            f"table (for example {examples})",
+        )
     return positions.astype(np.int64)
 
 
@@ -108,7 +116,11 @@ def item_tower_inputs(workflow: Workflow, items: pd.DataFrame) -> tuple[np.ndarr
 
 
 def recent_history(
-    workflow: Workflow, interactions: pd.DataFrame, user_ids: np.ndarray, length: int
+    workflow: Workflow,
+    interactions: pd.DataFrame,
+    user_ids: np.ndarray,
+    length: int,
+    source: str = "interactions",
 ) -> np.ndarray:
     """Each user's last ``length`` positives (newest last) as item_id_idx, left-padded with 0."""
     positives = interactions[interactions["rating"] >= POSITIVE_RATING].sort_values(
@@ -128,7 +140,7 @@ def recent_history(
     from_end = run_end[run_id] - np.arange(len(users)) if len(users) else np.array([], int)
     keep = from_end < length
     history = np.zeros((len(user_ids), length), dtype=np.int64)
-    rows = _positions(users[keep], user_ids)
+    rows = _positions(users[keep], user_ids, "user", source)
     history[rows, length - 1 - from_end[keep]] = item_idx[keep]
     return history
 
@@ -206,8 +218,8 @@ def prepare(
         chosen = chosen[chosen["rating"] >= POSITIVE_RATING]
         positives[name] = np.stack(
             [
-                _positions(chosen["user_id"].to_numpy(), user_ids),
-                _positions(chosen["item_id"].to_numpy(), item_ids),
+                _positions(chosen["user_id"].to_numpy(), user_ids, "user", dataset.name),
+                _positions(chosen["item_id"].to_numpy(), item_ids, "item", dataset.name),
             ],
             axis=1,
         )
@@ -216,7 +228,9 @@ def prepare(
         user_ids=user_ids,
         item_ids=item_ids,
         user_features=user_tower_inputs(workflow, dataset.users),
-        history=recent_history(workflow, train_interactions, user_ids, history_length),
+        history=recent_history(
+            workflow, train_interactions, user_ids, history_length, dataset.name
+        ),
         item_features=item_features,
         item_dense=item_dense,
         item_log_q=np.log(counts / counts.sum()).astype(np.float32),

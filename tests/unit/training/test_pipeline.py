@@ -297,3 +297,20 @@ def test_a_partial_run_saves_its_results_and_says_what_the_report_waits_for(
     assert "error" not in printed.err
     assert (work / "retrieval_result.json").is_file()
     assert not (work / "report").exists()
+
+
+def test_prepare_names_interactions_whose_user_or_item_the_tables_lack(tmp_path: Path) -> None:
+    """A positive naming an id missing from its table fails with a DataError naming the data
+    set and an example id (it used to take some other row's position silently)."""
+    from pipelines.data.synthetic import make_synthetic
+    from pipelines.errors import DataError
+    from pipelines.prepare import prepare
+
+    data = make_synthetic(n_users=40, n_items=30, n_interactions=600, seed=0)
+    for column, what in (("user_id", "user"), ("item_id", "item")):
+        interactions = data.interactions.copy()
+        interactions.loc[:, column] = interactions[column].where(interactions.index % 3 > 0, 999)
+        interactions.loc[:, "rating"] = 5.0
+        broken = RawDataset("broken", data.users, data.items, interactions)
+        with pytest.raises(DataError, match=rf"^broken: \d+ interactions name a {what} id .*999"):
+            prepare(broken, tmp_path / what)
