@@ -64,6 +64,7 @@ SIZE = (1000, 1000, 100_000)  # synthetic users, items, interactions
 TRAIN = TrainConfig(two_tower_epochs=5, bpr_epochs=1, dlrm_epochs=4, gbm_rounds=100, eval_users=200)
 GOOD, WEAK, BAD, TWIN = 1, 2, 3, 4  # the versions `build` exports, in this order
 NAMESPACE = "cascade"  # the gateways' namespace: desired state, streams
+CLIENT_KEEPALIVE_S = 2.0  # below the gateway's keep-alive (server.keep_alive_s, 5 s)
 ANALYSIS = AnalysisConfig(non_inferiority_margin=0.2, min_impressions=1000, min_requests=300)
 PLAN = RolloutPlan(
     weights=(0.2, 0.35, 0.5),
@@ -163,10 +164,13 @@ class Traffic:
 
     answers: dict[str, int] = field(default_factory=dict)  # request_id -> served version
     statuses: Counter[int] = field(default_factory=Counter)
-    transport_errors: int = 0
+    transport_errors: Counter[str] = field(default_factory=Counter)  # per exception class
     mixed: int = 0  # answers whose query_tower / ranker / release versions disagree
     feedback_non_200: int = 0  # feedback posts that failed even after the client's retries
     feedback_retries: int = 0
+    # asked but still waiting for one of the client's connections when the users stopped: a
+    # stack slower than the asked rate builds this backlog, which is dropped, not drained
+    unsent: int = 0
     clicks: int = 0
     degraded: Counter[str] = field(default_factory=Counter)  # answers per degraded reason
     latencies_ms: list[float] = field(default_factory=list)  # as the client saw each answer
@@ -206,11 +210,14 @@ async def users_clicking(
 
     async def one(http: httpx.AsyncClient, user_id: int, draws: np.ndarray) -> None:
         async with gate:
+            if stop.is_set():  # asked while all connections were busy: never sent
+                traffic.unsent += 1
+                return
             asked = time.perf_counter()
             try:
                 answer = await http.post("/v1/recommend", json={"user_id": user_id, "k": k})
-            except httpx.HTTPError:
-                traffic.transport_errors += 1
+            except httpx.HTTPError as error:
+                traffic.transport_errors[type(error).__name__] += 1
                 return
             traffic.latencies_ms.append((time.perf_counter() - asked) * 1e3)
             traffic.statuses[answer.status_code] += 1
@@ -255,7 +262,11 @@ async def users_clicking(
                 traffic.feedback_retries += 1
                 await asyncio.sleep(backoff_s * (attempt + 1))
 
-    async with httpx.AsyncClient(base_url=url, timeout=10.0) as http:
+    # idle connections are dropped well before the gateway's keep-alive (server.keep_alive_s,
+    # 5 s) closes them: at equal timeouts a request can go out on a connection the server is
+    # closing at that moment, and fail without an answer (a client's error, not the gateway's)
+    limits = httpx.Limits(keepalive_expiry=CLIENT_KEEPALIVE_S)
+    async with httpx.AsyncClient(base_url=url, timeout=10.0, limits=limits) as http:
         tasks: set[asyncio.Task[None]] = set()
         started, number = time.monotonic(), 0
         while not stop.is_set():
@@ -521,9 +532,10 @@ def summary(
         "decisions": decisions,
         "controller_kills": kills,
         "answers": len(traffic.answers),
-        "non_200": traffic.non_200 + traffic.transport_errors,
+        "non_200": traffic.non_200 + sum(traffic.transport_errors.values()),
         "statuses": {str(k): v for k, v in traffic.statuses.items()},
-        "transport_errors": traffic.transport_errors,
+        "transport_errors": dict(traffic.transport_errors),
+        "unsent": traffic.unsent,
         "degraded": dict(traffic.degraded),
         "mixed_versions": traffic.mixed + log_mismatch,
         "unlogged_answers": len(unlogged),
@@ -584,7 +596,7 @@ async def scenario_aa(stack: Stack, repetitions: int) -> dict[str, Any]:
         "arms": [r["arms"] for r in runs],
         "non_200": sum(r["non_200"] for r in runs),
         "statuses": dict(sum((Counter(r["statuses"]) for r in runs), Counter())),
-        "transport_errors": sum(r["transport_errors"] for r in runs),
+        "transport_errors": dict(sum((Counter(r["transport_errors"]) for r in runs), Counter())),
         "mixed_versions": sum(r["mixed_versions"] for r in runs),
         "unlogged_answers": sum(r["unlogged_answers"] for r in runs),
         "answers": sum(r["answers"] for r in runs),
@@ -705,7 +717,8 @@ def table(name: str, result: dict[str, Any]) -> str:
                 f"({decision['reason']}) x{decision['looks']}"
             )
     lines.append(
-        f"   answers {result['answers']}, non-200 {result['non_200']}, mixed versions "
+        f"   answers {result['answers']}, non-200 {result['non_200']} (statuses "
+        f"{result['statuses']}, transport errors {result['transport_errors']}), mixed versions "
         f"{result['mixed_versions']}, unlogged {result['unlogged_answers']}, degraded "
         f"{result['degraded']}, served {result['served']}",
     )

@@ -29,7 +29,7 @@ from tests.integration.monitoring_servers import Prometheus, rules_for_tests, wa
 from tests.integration.production_shape import Stack, export_twin, production_shape
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-TRAFFIC_S = 30.0
+TRAFFIC_S = 20.0
 
 
 @pytest.fixture

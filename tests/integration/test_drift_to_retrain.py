@@ -42,7 +42,7 @@ from tests.integration.served_app import (
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 DATASET = EXPORTED_SIZE  # what the `exported` fixture trained on (seed 0)
 TOKEN = "loop-admin-token"
-PHASE_S = 25.0  # each phase's traffic; the drift window is 10 s
+PHASE_S = 15.0  # each phase's traffic; the drift window is 10 s
 MIN_SAMPLES = 150  # the drift alerts' minimum sample in this test (production: 1000)
 
 
@@ -113,7 +113,7 @@ def test_a_population_shift_queues_exactly_one_retrain_and_stationary_traffic_no
     drifted = {a["labels"].get("feature") for a in firing}
     assert "user_age" in drifted, drifted
     wait_until(lambda: queue.requests() or None, 30, "the webhook to queue a retrain")
-    time.sleep(8.0)  # Alertmanager re-sends every 2 s here, and other drift alerts may join
+    time.sleep(6.0)  # Alertmanager re-sends every 2 s here, and other drift alerts may join
     assert len(queue.requests()) == 1 and retrain_decisions(url)["enqueued"] == enqueued_before + 1
     claimed = queue.claim("test-worker", lease_s=60)
     assert claimed is not None and queue.claim("other-worker", lease_s=60) is None

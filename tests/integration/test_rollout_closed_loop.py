@@ -64,7 +64,8 @@ def stack(export: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[lo
 
 
 def _clean(result: dict) -> None:
-    assert result["non_200"] == 0
+    answers = {k: result[k] for k in ("statuses", "transport_errors", "degraded", "served")}
+    assert result["non_200"] == 0, answers
     assert result["mixed_versions"] == 0
     assert result["feedback_non_200"] == 0
     assert result["answers"] > 0
