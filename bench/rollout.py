@@ -57,14 +57,13 @@ from services.control.rollout import RolloutController, RolloutPlan
 from services.control.rollout_state import RedisRolloutLog, RolloutRecord
 from services.gateway import Gateway
 from services.local_redis import free_port, start_redis_server
-from services.simulator import Preferences, population, position_bias
+from services.simulator import KEEPALIVE_S, Preferences, population, position_bias
 from services.stores.redis import RedisStore
 
 SIZE = (1000, 1000, 100_000)  # synthetic users, items, interactions
 TRAIN = TrainConfig(two_tower_epochs=5, bpr_epochs=1, dlrm_epochs=4, gbm_rounds=100, eval_users=200)
 GOOD, WEAK, BAD, TWIN = 1, 2, 3, 4  # the versions `build` exports, in this order
 NAMESPACE = "cascade"  # the gateways' namespace: desired state, streams
-CLIENT_KEEPALIVE_S = 2.0  # below the gateway's keep-alive (server.keep_alive_s, 5 s)
 ANALYSIS = AnalysisConfig(non_inferiority_margin=0.2, min_impressions=1000, min_requests=300)
 PLAN = RolloutPlan(
     weights=(0.2, 0.35, 0.5),
@@ -262,10 +261,10 @@ async def users_clicking(
                 traffic.feedback_retries += 1
                 await asyncio.sleep(backoff_s * (attempt + 1))
 
-    # idle connections are dropped well before the gateway's keep-alive (server.keep_alive_s,
-    # 5 s) closes them: at equal timeouts a request can go out on a connection the server is
+    # idle connections dropped well before the gateway's keep-alive closes them, as `cascade
+    # simulate` does: at equal timeouts a request can go out on a connection the server is
     # closing at that moment, and fail without an answer (a client's error, not the gateway's)
-    limits = httpx.Limits(keepalive_expiry=CLIENT_KEEPALIVE_S)
+    limits = httpx.Limits(keepalive_expiry=KEEPALIVE_S)
     async with httpx.AsyncClient(base_url=url, timeout=10.0, limits=limits) as http:
         tasks: set[asyncio.Task[None]] = set()
         started, number = time.monotonic(), 0
