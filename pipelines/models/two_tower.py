@@ -149,7 +149,7 @@ class TwoTower(nn.Module):
         self, users: torch.Tensor, item_features: torch.Tensor, item_dense: torch.Tensor
     ) -> torch.Tensor:
         """``[len(users), n_items]``: cosine over the temperature, plus each item's bias."""
-        logits = users @ self.item(item_features, item_dense).T / self.temperature
+        logits = (users / self.temperature) @ self.item(item_features, item_dense).T
         bias = self.item.bias_of(item_features)
         return logits if bias is None else logits + bias[None, :]
 
@@ -164,10 +164,13 @@ class TwoTower(nn.Module):
     ) -> torch.Tensor:
         """In-batch softmax with log-Q correction; a duplicate of the positive is not a negative."""
         users = self.query(user_features, history)
-        logits = self.logits(users, item_features, item_dense) - log_q[None, :]
-        same_item = item_ids[None, :] == item_ids[:, None]
-        eye = torch.eye(len(item_ids), dtype=torch.bool, device=logits.device)
-        logits = logits.masked_fill(same_item & ~eye, float("-inf"))
+        items = self.item(item_features, item_dense)
+        bias = self.item.bias_of(item_features)
+        column = -log_q if bias is None else bias - log_q
+        logits = torch.addmm(column[None, :], users / self.temperature, items.T)
+        duplicate = item_ids[None, :] == item_ids[:, None]
+        duplicate.fill_diagonal_(False)
+        logits = logits.masked_fill(duplicate, float("-inf"))
         return F.cross_entropy(logits, torch.arange(len(item_ids), device=logits.device))
 
     def catalog_loss(

@@ -10,7 +10,7 @@ import textwrap
 import pytest
 import torch
 
-from pipelines.training.loop import EarlyStopping, best_record, train_epochs
+from pipelines.training.loop import EarlyStopping, best_record, make_step, train_epochs
 
 
 def _model() -> torch.nn.Module:
@@ -121,3 +121,44 @@ def test_validation_runs_every_n_epochs_and_after_the_last(every: int, expected:
     )
     assert validated == expected
     assert [r["epoch"] for r in history if "valid" in r] == expected
+
+
+def test_make_step_moves_dense_weights_as_plain_adam_and_tables_as_lazy_adam() -> None:
+    """The step's optimizers (fused Adam for dense parameters, LazyAdam for sparse tables)
+    against the textbook ones, torch's per-tensor Adam and SparseAdam, on the same batches:
+    a faster optimizer must not change what training computes."""
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.table = torch.nn.Embedding(30, 4, sparse=True)
+            self.linear = torch.nn.Linear(4, 1)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.linear(self.table(ids)).squeeze(-1)
+
+    torch.manual_seed(0)
+    tested, reference = Model(), Model()
+    reference.load_state_dict(tested.state_dict())
+    initial = tested.linear.weight.detach().clone()
+    step = make_step(tested, lambda batch: (tested(batch[0]) - batch[1]).square().mean(), 0.01)
+    dense = [p for name, p in reference.named_parameters() if not name.startswith("table")]
+    expected = [
+        torch.optim.Adam(dense, lr=0.01, foreach=False, fused=False),
+        torch.optim.SparseAdam([reference.table.weight], lr=0.01),
+    ]
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(20):
+        batch = (
+            torch.randint(0, 30, (16,), generator=generator),
+            torch.randn(16, generator=generator),
+        )
+        step(batch)
+        for optimizer in expected:
+            optimizer.zero_grad()
+        (reference(batch[0]) - batch[1]).square().mean().backward()
+        for optimizer in expected:
+            optimizer.step()
+    for (name, got), want in zip(tested.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, msg=name)
+    assert not torch.equal(tested.linear.weight, initial)
