@@ -73,7 +73,10 @@ def train_dlrm(
     valid: dict[str, np.ndarray],
     config: TrainConfig,
     report: Callable[[str], None] | None = None,
-) -> list[dict[str, float]]:
+) -> tuple[list[dict[str, float]], np.ndarray]:
+    """Train with early stopping on validation AUC (keep-best); returns the curve and the
+    kept epoch's validation logits (computed when it was validated, not a second time: at
+    1M items a pass over the validation rows takes seconds)."""
     loader = ParquetBatchLoader(
         [workdir / "ranking_train.parquet"],
         GROUPS,
@@ -87,12 +90,17 @@ def train_dlrm(
         logits = model(batch["sparse"], batch["dense"].contiguous())
         return F.binary_cross_entropy_with_logits(logits.float(), batch["label"][:, 0])
 
+    kept: dict[str, Any] = {"auc": -np.inf, "logits": None}
+
     def validate(_: int) -> dict[str, float]:
         logits = dlrm_logits(model, valid)
-        return {
+        metrics = {
             "valid_auc": auc(valid["label"], logits),
             "valid_logloss": logloss(valid["label"], sigmoid(logits)),
         }
+        if metrics["valid_auc"] > kept["auc"]:  # the epoch keep-best restores (first on ties)
+            kept.update(auc=metrics["valid_auc"], logits=logits)
+        return metrics
 
     model.to(device())  # the loader's batches are moved to it by train_epochs
     curve = train_epochs(
@@ -107,7 +115,9 @@ def train_dlrm(
         report=report,
     )
     model.cpu()  # evaluation, the blend and export run on the CPU
-    return curve
+    if kept["logits"] is None:  # no epoch improved on -inf (an undefined AUC): nothing kept
+        kept["logits"] = dlrm_logits(model, valid)
+    return curve, kept["logits"]
 
 
 def popularity_logits(inputs: dict[str, np.ndarray]) -> np.ndarray:
@@ -137,7 +147,7 @@ def run_ranking(
     valid = ranking_inputs(workdir / "ranking_valid.parquet")
     test = ranking_inputs(workdir / "ranking_test.parquet")
     model = build_dlrm(workflow, valid["dense"].shape[1], config)
-    dlrm_curve = train_dlrm(model, workdir, valid, config, report)
+    dlrm_curve, valid_dlrm = train_dlrm(model, workdir, valid, config, report)
 
     train = ranking_inputs(workdir / "ranking_train.parquet")
     tree = TreeRanker()
@@ -156,7 +166,7 @@ def run_ranking(
     (report or print)(
         f"gbm: {len(tree_curve['valid'])} rounds, valid_logloss={tree_curve['valid'][-1]:.4f}"
     )
-    valid_dlrm, valid_tree = dlrm_logits(model, valid), tree.logits(valid_x, config.threads)
+    valid_tree = tree.logits(valid_x, config.threads)
     weight = fit_blend_weight(valid["label"], valid_dlrm, valid_tree)
     check = popularity_check(
         "ranker",

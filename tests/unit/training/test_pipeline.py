@@ -314,3 +314,26 @@ def test_prepare_names_interactions_whose_user_or_item_the_tables_lack(tmp_path:
         broken = RawDataset("broken", data.users, data.items, interactions)
         with pytest.raises(DataError, match=rf"^broken: \d+ interactions name a {what} id .*999"):
             prepare(broken, tmp_path / what)
+
+
+def test_dlrm_returns_the_kept_epochs_validation_logits(run: tuple[Path, Path, str]) -> None:
+    """The blend is fitted on the validation logits train_dlrm kept from validation (not
+    recomputed): they must be the restored weights' logits, those of the best epoch."""
+    import torch
+
+    from pipelines.config import TrainConfig
+    from pipelines.evaluation.metrics import auc
+    from pipelines.training.ranking import build_dlrm, dlrm_logits, ranking_inputs, train_dlrm
+
+    work, _, _ = run
+    torch.manual_seed(0)
+    config = TrainConfig(dlrm_epochs=6, dlrm_lr=0.2, patience=10, torch_threads=1)
+    valid = ranking_inputs(work / "ranking_valid.parquet")
+    model = build_dlrm(Workflow.load(work / "workflow"), valid["dense"].shape[1], config)
+    curve, kept = train_dlrm(model, work, valid, config, report=lambda line: None)
+    best = [record for record in curve if record.get("best")]
+    assert len(best) == 1 and len(curve) == 6
+    np.testing.assert_allclose(kept, dlrm_logits(model, valid), rtol=1e-5, atol=1e-6)
+    assert auc(valid["label"], kept) == pytest.approx(best[0]["valid_auc"], abs=1e-12)
+    assert curve[-1] is not best[0]  # a learning rate this high overfits: the kept epoch is
+    # not the last, so the last epoch's logits would fail the checks above
