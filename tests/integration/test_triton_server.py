@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -192,6 +193,56 @@ def test_the_embedding_cache_counts_on_the_metrics_port(triton: TritonServer) ->
         if line.startswith("cascade_embedding_cache_lookups_total{")
     ]
     assert lookups and sum(lookups) > 0
+
+
+async def test_loading_a_served_version_again_keeps_its_instances(
+    exported: Path, tmp_path: Path
+) -> None:
+    """A canary's load re-sends production's version: Triton must not create production's
+    instances again. It does when the version directory changed since its first load (the
+    python stub writing model.py's bytecode there), so the export ships the bytecode.
+
+    The repository is copied as exported (the manifest's files: the module's own server may
+    already have run the stub on ``exported``)."""
+    from pipelines.export.verify import manifest_files
+
+    files = manifest_files(exported, 1)
+    assert files is not None
+    repository = tmp_path / "model_repository"
+    for name in [*files, "model_repository/ranker/config.pbtxt"]:
+        if name.startswith("model_repository/ranker/"):
+            (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(exported / name, tmp_path / name)
+    version = repository / "ranker" / "1"
+    log = tmp_path / "triton.log"
+    server = _server(repository, log, models=("ranker",))
+    server.start(timeout_s=120)
+
+    def count(text: str) -> int:
+        return log.read_text(errors="replace").count(text)
+
+    backend = TritonBackend(
+        server.http_url,
+        control_key=server.control_key,
+        model_repository=repository,
+        models=("ranker",),
+    )
+    try:
+        await backend.start([1])
+        shipped = {p: p.stat().st_mtime_ns for p in version.rglob("*")}
+        created = count("TRITONBACKEND_ModelInstanceInitialize")
+        assert created >= 1
+        loads = count("successfully loaded 'ranker'")
+        await backend.serve_versions([1])  # the override a canary's load sends
+        deadline = time.monotonic() + 10
+        while count("successfully loaded 'ranker'") == loads and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert count("successfully loaded 'ranker'") > loads
+        assert count("TRITONBACKEND_ModelInstanceInitialize") == created
+        assert {p: p.stat().st_mtime_ns for p in version.rglob("*")} == shipped
+    finally:
+        await backend.close()
+        server.stop()
 
 
 def test_a_taken_port_is_refused_naming_it(exported: Path, tmp_path: Path) -> None:
