@@ -146,12 +146,20 @@ class TwoTower(nn.Module):
         return torch.cat([items, self.temperature * bias[:, None]], dim=1)
 
     def logits(
-        self, users: torch.Tensor, item_features: torch.Tensor, item_dense: torch.Tensor
+        self,
+        users: torch.Tensor,
+        item_features: torch.Tensor,
+        item_dense: torch.Tensor,
+        shift: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """``[len(users), n_items]``: cosine over the temperature, plus each item's bias."""
-        logits = (users / self.temperature) @ self.item(item_features, item_dense).T
+        """``[len(users), n_items]``: cosine over the temperature, plus each item's bias and
+        ``shift`` (``[n_items]``, e.g. the log-Q correction), added in the same ``addmm``."""
+        items = self.item(item_features, item_dense)
         bias = self.item.bias_of(item_features)
-        return logits if bias is None else logits + bias[None, :]
+        if bias is not None:
+            shift = bias if shift is None else bias + shift
+        scaled = users / self.temperature
+        return scaled @ items.T if shift is None else torch.addmm(shift[None, :], scaled, items.T)
 
     def loss(
         self,
@@ -164,10 +172,7 @@ class TwoTower(nn.Module):
     ) -> torch.Tensor:
         """In-batch softmax with log-Q correction; a duplicate of the positive is not a negative."""
         users = self.query(user_features, history)
-        items = self.item(item_features, item_dense)
-        bias = self.item.bias_of(item_features)
-        column = -log_q if bias is None else bias - log_q
-        logits = torch.addmm(column[None, :], users / self.temperature, items.T)
+        logits = self.logits(users, item_features, item_dense, -log_q)
         duplicate = item_ids[None, :] == item_ids[:, None]
         duplicate.fill_diagonal_(False)
         logits = logits.masked_fill(duplicate, float("-inf"))
