@@ -90,17 +90,14 @@ def train_dlrm(
         logits = model(batch["sparse"], batch["dense"].contiguous())
         return F.binary_cross_entropy_with_logits(logits.float(), batch["label"][:, 0])
 
-    kept: dict[str, Any] = {"auc": -np.inf, "logits": None}
+    validated: dict[int, np.ndarray] = {}  # epoch -> its validation logits
 
-    def validate(_: int) -> dict[str, float]:
-        logits = dlrm_logits(model, valid)
-        metrics = {
+    def validate(epoch: int) -> dict[str, float]:
+        logits = validated[epoch] = dlrm_logits(model, valid)
+        return {
             "valid_auc": auc(valid["label"], logits),
             "valid_logloss": logloss(valid["label"], sigmoid(logits)),
         }
-        if metrics["valid_auc"] > kept["auc"]:  # the epoch keep-best restores (first on ties)
-            kept.update(auc=metrics["valid_auc"], logits=logits)
-        return metrics
 
     model.to(device())  # the loader's batches are moved to it by train_epochs
     curve = train_epochs(
@@ -115,9 +112,10 @@ def train_dlrm(
         report=report,
     )
     model.cpu()  # evaluation, the blend and export run on the CPU
-    if kept["logits"] is None:  # no epoch improved on -inf (an undefined AUC): nothing kept
-        kept["logits"] = dlrm_logits(model, valid)
-    return curve, kept["logits"]
+    kept = [index for index, record in enumerate(curve) if record.get("best")]
+    if not kept:  # no epoch improved on -inf (an undefined AUC): the last weights stay
+        return curve, dlrm_logits(model, valid)
+    return curve, validated[kept[0]]
 
 
 def popularity_logits(inputs: dict[str, np.ndarray]) -> np.ndarray:
