@@ -101,17 +101,38 @@ class Phase:
         self.best = max(self.best, rows / (time.perf_counter() - started))
 
 
-def _measure(phases: list[Phase]) -> list[float]:
-    """Each phase's best samples/s over ``REPEATS`` windows, the phases taking turns (a, b,
-    ..., a, b, ...): on a shared machine a slow minute then costs every phase one window,
-    not one phase all of its windows (in consecutive windows, (a)/(b) of the same step
-    moved between 0.85 and 1.02 from run to run)."""
+def _measure(
+    project: Callable[[], Iterable[Any]],
+    resident: list[Any],
+    textbook: Iterable[Any],
+    rows_of: Callable[[Any], int],
+    new_step: Callable[[], Step],
+    seconds: float,
+    naive_s: float,
+    where: torch.device,
+) -> dict:
+    """(a)-(e) of one model: ``project()`` an epoch of the project's loader (called again
+    when one ends; (a) and (c) each iterate their own), ``resident`` batches in memory,
+    ``textbook`` the item-by-item DataLoader; ``new_step()`` a fresh model's step for each
+    phase that trains.
+
+    Each phase's figure is its best samples/s over ``REPEATS`` windows, the phases taking
+    turns (a, b, ..., a, b, ...): on a shared machine a slow minute then costs every phase
+    one window, not one phase all of its windows (in consecutive windows, (a)/(b) of the
+    same step moved between 0.85 and 1.02 from run to run)."""
+    phases = [
+        Phase(prefetched(_cycle(project), where), rows_of, new_step(), seconds),
+        Phase(_cycle(lambda: resident), rows_of, new_step(), seconds),
+        Phase(_cycle(project), rows_of, None, seconds),
+        Phase(_cycle(lambda: textbook), rows_of, new_step(), naive_s),
+        Phase(_cycle(lambda: textbook), rows_of, None, naive_s),
+    ]
     for phase in phases:
         phase.warm()
     for _ in range(REPEATS):
         for phase in phases:
             phase.window()
-    return [phase.best for phase in phases]
+    return _rates(*(phase.best for phase in phases))
 
 
 def _cycle(make: Callable[[], Iterable[Any]]) -> Iterator[Any]:
@@ -169,26 +190,22 @@ def bench_dlrm(
     def rows_of(batch: dict[str, torch.Tensor]) -> int:
         return len(batch["label"])
 
-    batch_loader, only_loader = loader(), loader()
+    batch_loader = loader()
     resident = [
         {k: v.clone() for k, v in b.items()} for b, _ in zip(loader(), range(256), strict=False)
     ]
     naive_loader = DataLoader(DLRMRows(train), batch_size=config.dlrm_batch, shuffle=True)
     rates = _measure(
-        [
-            Phase(
-                prefetched(_cycle(lambda: batch_loader), where),
-                rows_of,
-                model_and_step()[1],
-                seconds,
-            ),
-            Phase(_cycle(lambda: resident), rows_of, model_and_step()[1], seconds),
-            Phase(_cycle(lambda: only_loader), rows_of, None, seconds),
-            Phase(_cycle(lambda: naive_loader), rows_of, model_and_step()[1], naive_s),
-            Phase(_cycle(lambda: naive_loader), rows_of, None, naive_s),
-        ]
+        lambda: batch_loader,
+        resident,
+        naive_loader,
+        rows_of,
+        lambda: model_and_step()[1],
+        seconds,
+        naive_s,
+        where,
     )
-    return {"rows": len(train["label"]), **_rates(*rates)}
+    return {"rows": len(train["label"]), **rates}
 
 
 # ----- two-tower ----------------------------------------------------------------------------
@@ -239,20 +256,16 @@ def bench_two_tower(
         TwoTowerPairs(data), batch_size=config.two_tower_batch, shuffle=True, drop_last=True
     )
     rates = _measure(
-        [
-            Phase(
-                prefetched(_cycle(lambda: batches.epoch(0)), where),
-                rows_of,
-                model_and_step(),
-                seconds,
-            ),
-            Phase(_cycle(lambda: resident), rows_of, model_and_step(), seconds),
-            Phase(_cycle(lambda: batches.epoch(2)), rows_of, None, seconds),
-            Phase(_cycle(lambda: naive_loader), rows_of, model_and_step(), naive_s),
-            Phase(_cycle(lambda: naive_loader), rows_of, None, naive_s),
-        ]
+        lambda: batches.epoch(0),
+        resident,
+        naive_loader,
+        rows_of,
+        model_and_step,
+        seconds,
+        naive_s,
+        where,
     )
-    return {"rows": len(data.positives["train"]), **_rates(*rates)}
+    return {"rows": len(data.positives["train"]), **rates}
 
 
 def _rates(full: float, compute: float, loading: float, naive: float, naive_loading: float) -> dict:
