@@ -15,7 +15,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from threading import Thread
@@ -195,38 +195,46 @@ def test_the_embedding_cache_counts_on_the_metrics_port(triton: TritonServer) ->
     assert lookups and sum(lookups) > 0
 
 
-async def test_loading_a_served_version_again_keeps_its_instances(
-    exported: Path, tmp_path: Path
-) -> None:
-    """A canary's load re-sends production's version: Triton must not create production's
-    instances again. It does when the version directory changed since its first load (the
-    python stub writing model.py's bytecode there), so the export ships the bytecode.
-
-    The repository is copied as exported (the manifest's files: the module's own server may
-    already have run the stub on ``exported``)."""
+def _ranker_as_exported(exported: Path, root: Path) -> Path:
+    """The ranker's version 1 copied as exported, into ``root/model_repository``: the
+    manifest's files alone (the module's own server may already have run the python stub on
+    ``exported``, which writes beside them)."""
     from pipelines.export.verify import manifest_files
 
     files = manifest_files(exported, 1)
     assert files is not None
-    repository = tmp_path / "model_repository"
     for name in [*files, "model_repository/ranker/config.pbtxt"]:
         if name.startswith("model_repository/ranker/"):
-            (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(exported / name, tmp_path / name)
-    version = repository / "ranker" / "1"
-    log = tmp_path / "triton.log"
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(exported / name, root / name)
+    return root / "model_repository"
+
+
+def _ranker_server(
+    repository: Path, log: Path
+) -> tuple[TritonServer, TritonBackend, Callable[[str], int]]:
+    """A started server of the ranker alone, a backend controlling it, and a count of a
+    text's occurrences in the server's log."""
     server = _server(repository, log, models=("ranker",))
     server.start(timeout_s=120)
-
-    def count(text: str) -> int:
-        return log.read_text(errors="replace").count(text)
-
     backend = TritonBackend(
         server.http_url,
         control_key=server.control_key,
         model_repository=repository,
         models=("ranker",),
     )
+    return server, backend, lambda text: log.read_text(errors="replace").count(text)
+
+
+async def test_loading_a_served_version_again_keeps_its_instances(
+    exported: Path, tmp_path: Path
+) -> None:
+    """A canary's load re-sends production's version: Triton must not create production's
+    instances again. It does when the version directory changed since its first load (the
+    python stub writing model.py's bytecode there), so the export ships the bytecode."""
+    repository = _ranker_as_exported(exported, tmp_path)
+    version = repository / "ranker" / "1"
+    server, backend, count = _ranker_server(repository, tmp_path / "triton.log")
     try:
         await backend.start([1])
         shipped = {p: p.stat().st_mtime_ns for p in version.rglob("*")}
@@ -240,6 +248,42 @@ async def test_loading_a_served_version_again_keeps_its_instances(
         assert count("successfully loaded 'ranker'") > loads
         assert count("TRITONBACKEND_ModelInstanceInitialize") == created
         assert {p: p.stat().st_mtime_ns for p in version.rglob("*")} == shipped
+    finally:
+        await backend.close()
+        server.stop()
+
+
+async def test_a_canary_that_fails_to_load_leaves_production_instances_alone(
+    exported: Path, tmp_path: Path
+) -> None:
+    """A canary whose version cannot load (its model.py raises): the load is refused, and
+    production's version keeps serving without Triton creating its instances again, through
+    the failed load and through the rollback that re-sends production alone."""
+    from tritonclient.utils import InferenceServerException
+
+    repository = _ranker_as_exported(exported, tmp_path)
+    server, backend, count = _ranker_server(repository, tmp_path / "triton.log")
+    rng = np.random.default_rng(2)
+    sparse, dense = rng.integers(0, 50, (30, 10)), np.zeros((30, 26), np.float32)
+    try:
+        await backend.start([1])
+        before, _ = await backend.rank(1, sparse, dense)
+        created = count("TRITONBACKEND_ModelInstanceInitialize")
+        broken = repository / "ranker" / "2"  # the canary's version arrives while serving
+        shutil.copytree(repository / "ranker" / "1", broken)
+        shutil.rmtree(broken / "__pycache__")  # model.py changes below: its bytecode is stale
+        model = broken / "model.py"
+        model.write_text(model.read_text() + "\nraise RuntimeError('canary broken on purpose')\n")
+        with pytest.raises(InferenceServerException, match="canary broken on purpose"):
+            await backend.serve_versions([1, 2])
+        assert await backend.ready("ranker", 1)
+        await backend.serve_versions([1])  # the rollback
+        after, _ = await backend.rank(1, sparse, dense)
+        np.testing.assert_array_equal(after, before)
+        assert count("failed to load 'ranker' version 2") == 1
+        # the broken version failed in its stub's import, before any instance; production's
+        # were created once, at the start, and never again
+        assert count("TRITONBACKEND_ModelInstanceInitialize") == created
     finally:
         await backend.close()
         server.stop()
