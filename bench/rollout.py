@@ -101,6 +101,8 @@ def truth(size: tuple[int, int, int] = SIZE, config: TrainConfig = TRAIN) -> Raw
 
 # -- the gateway, in a thread -----------------------------------------------------------
 
+FEEDBACK_KEY = "bench-feedback-key"  # the simulated users' client key
+
 
 def gateway_settings(
     root: Path, redis_url: str, triton_url: str | None = None, control_key: str | None = None
@@ -109,6 +111,7 @@ def gateway_settings(
 
     from services.settings import (
         EmbeddingCacheSettings,
+        FeedbackSettings,
         FollowSettings,
         RedisSettings,
         Settings,
@@ -126,6 +129,7 @@ def gateway_settings(
         embedding_cache=EmbeddingCacheSettings(enabled=False),  # whole tables in memory
         follow=FollowSettings(interval_s=0.2, retire_after_s=2.0, keep_previous_s=5.0),
         candidates=100,
+        feedback=FeedbackSettings(keys=[SecretStr(FEEDBACK_KEY)]),
     )
 
 
@@ -265,7 +269,10 @@ async def users_clicking(
     # simulate` does: at equal timeouts a request can go out on a connection the server is
     # closing at that moment, and fail without an answer (a client's error, not the gateway's)
     limits = httpx.Limits(keepalive_expiry=KEEPALIVE_S)
-    async with httpx.AsyncClient(base_url=url, timeout=10.0, limits=limits) as http:
+    headers = {"Authorization": f"Bearer {FEEDBACK_KEY}"}
+    async with httpx.AsyncClient(
+        base_url=url, timeout=10.0, limits=limits, headers=headers
+    ) as http:
         tasks: set[asyncio.Task[None]] = set()
         started, number = time.monotonic(), 0
         while not stop.is_set():

@@ -176,6 +176,13 @@ def _serve_parser(commands: Any) -> None:
         "--materialize", action="store_true", help="load the release's users into Redis first"
     )
     parser.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
+    parser.add_argument(
+        "--open-feedback",
+        action="store_true",
+        help="accept POST /v1/feedback without a client key (local experiments only; said "
+        "at start-up and in /health/ready). Default: a key is required; on the embedded stack "
+        "without one configured, the key in <artifacts>/feedback.key (written at first start)",
+    )
 
 
 def _materialize_parser(commands: Any) -> None:
@@ -280,6 +287,31 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
+def _feedback_keys(args: argparse.Namespace, settings: Any) -> Any:
+    """``--open-feedback``: accept feedback without a key (said loudly). Else, on the
+    embedded stack (no Redis) with no key configured: the key in <artifacts>/feedback.key,
+    written at the first start, so local feedback needs a key too."""
+    import os
+
+    from services.api.credentials import ensure_key_file, feedback_auth
+
+    feedback = settings.feedback
+    if args.open_feedback:
+        os.environ["CASCADE_FEEDBACK__OPEN"] = "true"
+        feedback = feedback.model_copy(update={"open": True})
+    elif feedback_auth(feedback) == "off" and not settings.redis.url:
+        path = settings.artifacts / "feedback.key"
+        written = ensure_key_file(path)
+        os.environ["CASCADE_FEEDBACK__KEYS_FILE"] = str(path)
+        feedback = feedback.model_copy(update={"keys_file": path})
+        print(
+            f"feedback: clients send the key {'written to' if written else 'in'} {path} "
+            "(Authorization: Bearer <key>; `cascade simulate` reads it from there)",
+            flush=True,
+        )
+    return settings.model_copy(update={"feedback": feedback})
+
+
 def _run_serve(args: argparse.Namespace) -> int:
     import os
 
@@ -298,6 +330,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     streams = settings.embedded_streams()
     if streams is not None:  # the embedded stack logs where `cascade retrain` reads
         os.environ["CASCADE_STREAMS_DIR"] = str(streams)
+    settings = _feedback_keys(args, settings)
     # uvicorn re-raises SIGTERM after its graceful shutdown; as SystemExit it runs the
     # `finally` below, so the Triton server this command started is stopped too
     signal.signal(signal.SIGTERM, _exit_on_sigterm)

@@ -2,7 +2,8 @@
 
 Each ``/v1/recommend`` answer is one impression set ``{request_id, user_id, model_version,
 split, items, scores, degraded, reasons, latency_ms, timestamp}``; the store also remembers
-which model version served each ``request_id`` so that feedback is attributed server side.
+each ``request_id``'s answer (version, user, items shown) so that feedback is vouched for
+server side (``services.attribution``).
 Logging never fails or slows a request beyond a ``put_nowait``: answers wait in a bounded
 queue that a background task writes in batches; what cannot be logged (queue full, store
 failing) is counted in ``cascade_impressions_dropped_total{reason}``.
@@ -20,7 +21,7 @@ import numpy as np
 from services.background import BackgroundTask
 from services.metrics import IMPRESSION_SETS, IMPRESSIONS, IMPRESSIONS_DROPPED, version_label
 from services.settings import ImpressionSettings
-from services.stores.base import OnlineStore
+from services.stores.base import Answer, OnlineStore
 
 log = logging.getLogger(__name__)
 
@@ -65,9 +66,9 @@ class ImpressionLog:
         self.timeout_s = timeout_s
         self._queue: asyncio.Queue[dict[str, str]] = asyncio.Queue(settings.queue)
         self._background = BackgroundTask()
-        # request_id -> model version of the sets queued or being written: a click that
-        # arrives before its impression set reached the store is still attributed
-        self._pending: dict[str, int] = {}
+        # request_id -> answer of the sets queued or being written: a click that arrives
+        # before its impression set reached the store is still vouched for
+        self._pending: dict[str, Answer] = {}
 
     def record(self, record: dict[str, str], served: Container[int]) -> None:
         """Queue one impression set; never blocks, never raises."""
@@ -81,10 +82,10 @@ class ImpressionLog:
         except asyncio.QueueFull:
             IMPRESSIONS_DROPPED.labels(reason="queue_full").inc()
             return
-        self._pending[record["request_id"]] = int(record["model_version"])
+        self._pending[record["request_id"]] = Answer.of_impression(record)
 
-    def pending_version(self, request_id: str) -> int | None:
-        """The version that served ``request_id`` while its set is not yet in the store."""
+    def pending_answer(self, request_id: str) -> Answer | None:
+        """The answer of ``request_id`` while its set is not yet in the store."""
         return self._pending.get(request_id)
 
     async def _write(self, batch: list[dict[str, str]]) -> None:

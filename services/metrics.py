@@ -98,9 +98,11 @@ RECOMMENDATIONS = Counter(
 )
 FEEDBACK = Counter(
     "cascade_feedback_events_total",
-    "Feedback events stored, per model version that served the request (a served version, "
-    "'other', or 'unattributed') and outcome type.",
-    ["model_version", "type"],
+    "Feedback events stored (a retried event_id counts once), per model version that served "
+    "the answer (a served version, 'other', or 'unattributed': every event not trust=served), "
+    "outcome type, and trust level: served (about a logged answer of the same user showing "
+    "the item), organic (no request_id), unknown_request, user_mismatch, item_not_shown.",
+    ["model_version", "type", "trust"],
 )
 IMPRESSION_SETS = Counter(
     "cascade_impression_sets_total",

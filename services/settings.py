@@ -135,7 +135,24 @@ class ServerSettings(BaseModel):
 
 
 class FeedbackSettings(BaseModel):
-    """The feedback stream in Redis: durability, bound, idempotency."""
+    """The feedback stream in Redis: who may write it, durability, bound, idempotency,
+    and how much organic events (not about a logged answer) may weigh in a retrain."""
+
+    keys: list[SecretStr] = Field(
+        default_factory=list,
+        description="Client keys of POST /v1/feedback (callers send Authorization: Bearer "
+        "<key>); several at once while a rotation is under way. JSON list in the environment.",
+    )
+    keys_file: Path | None = Field(
+        None,
+        description="A file of client keys, one per line (a mounted secret; read again when "
+        "it changes, so a rotation applies without a restart).",
+    )
+    open: bool = Field(
+        False,
+        description="Accept feedback without a key (local experiments only; said at start-up "
+        "and in /health/ready). With no key configured and this off, feedback is refused.",
+    )
 
     require_durable: bool = Field(
         True,

@@ -27,10 +27,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -184,6 +186,10 @@ class SimulationPlan:
     timeout_s: float = 5.0
     attempts: int = ATTEMPTS  # of each post (retries after a 503 or no answer)
     shift_at_s: float | None = None  # from then on, users come from the shifted population
+    # sent as Authorization: Bearer <key> with every post
+    feedback_key: str | None = field(
+        default_factory=lambda: os.environ.get("CASCADE_FEEDBACK_KEY", "").strip() or None
+    )
 
 
 async def simulate(
@@ -274,6 +280,7 @@ async def simulate(
         timeout=plan.timeout_s,
         limits=httpx.Limits(keepalive_expiry=KEEPALIVE_S),
         transport=transport,
+        headers={"Authorization": f"Bearer {plan.feedback_key}"} if plan.feedback_key else None,
     ) as http:
         tasks = []
         for number in range(total):
@@ -355,6 +362,27 @@ def add_parser(commands: Any) -> None:
         help="the population requests come from after --shift-at (heavy: the most active "
         "tenth; new: unknown users, cold starts; young/old: an age shift)",
     )
+    parser.add_argument(
+        "--feedback-key-file",
+        type=Path,
+        default=Path("artifacts") / "feedback.key",
+        help="the gateway's feedback client key (first line); CASCADE_FEEDBACK_KEY wins",
+    )
+
+
+def feedback_key(path: Path) -> str | None:
+    """The client key to post feedback with: ``CASCADE_FEEDBACK_KEY``, else the first line
+    of ``path`` (``cascade serve`` writes one there for the embedded stack), else None."""
+    key = os.environ.get("CASCADE_FEEDBACK_KEY", "").strip()
+    if key:
+        return key
+    try:
+        lines = path.read_text().split()
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        raise CascadeError(f"--feedback-key-file {path}: cannot read ({error.strerror})") from None
+    return lines[0] if lines else None
 
 
 def _positive(name: str, value: float) -> None:
@@ -388,7 +416,14 @@ def run(args: argparse.Namespace) -> int:
         concurrency=args.concurrency,
         seed=args.seed,
         shift_at_s=args.shift_at,
+        feedback_key=feedback_key(args.feedback_key_file),
     )
+    if plan.feedback_key is None:
+        print(
+            f"simulate: no feedback key (CASCADE_FEEDBACK_KEY unset, no {args.feedback_key_file}):"
+            " clicks are refused unless the gateway accepts feedback without one",
+            flush=True,
+        )
     users = population(dataset, args.population)
     shifted = None if args.shift_to is None else population(dataset, args.shift_to)
     print(

@@ -13,6 +13,13 @@ from pipelines.data.synthetic import make_synthetic
 # The shared test Redis does not persist (nor does CI's): gateways in tests accept that, except
 # in the tests of that refusal, which set FeedbackSettings(require_durable=True) themselves.
 os.environ.setdefault("CASCADE_FEEDBACK__REQUIRE_DURABLE", "false")
+# Feedback needs a client key: the gateways in tests accept this one (their settings read
+# the environment, `cascade serve` processes inherit it) and the simulated users send it;
+# test clients made in the tests send FEEDBACK_HEADERS.
+TEST_FEEDBACK_KEY = "cascade-test-feedback-key"
+FEEDBACK_HEADERS = {"Authorization": f"Bearer {TEST_FEEDBACK_KEY}"}
+os.environ.setdefault("CASCADE_FEEDBACK__KEYS", f'["{TEST_FEEDBACK_KEY}"]')
+os.environ.setdefault("CASCADE_FEEDBACK_KEY", TEST_FEEDBACK_KEY)
 # The test exports' tables are tiny: served through the embedding cache all the same (as
 # tables over the in-memory budget are), so that the cache tests exercise it; the tests of
 # the choice by size set the budget themselves.

@@ -11,6 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from pipelines.errors import CascadeError
+from services.api.credentials import KeyRing, feedback_auth
 from services.api.fast_recommend import RecommendFastPath
 from services.api.limits import BodySizeLimit
 from services.api.routes import alerts, feedback, health, recommend
@@ -21,6 +22,14 @@ from services.retrain_queue import make_retrain_queue
 from services.settings import Settings
 
 log = logging.getLogger(__name__)
+
+
+FEEDBACK_AUTH_WARNINGS = {
+    "open": "OPEN: POST /v1/feedback accepts events without a key (feedback.open); anyone "
+    "who reaches this port can write training data. For local experiments only.",
+    "off": "no client key configured: every POST /v1/feedback is refused (401); set "
+    "CASCADE_FEEDBACK__KEYS or CASCADE_FEEDBACK__KEYS_FILE",
+}
 
 
 def create_app(settings: Settings | None = None, gateway: Gateway | None = None) -> FastAPI:
@@ -35,6 +44,9 @@ def create_app(settings: Settings | None = None, gateway: Gateway | None = None)
         app.state.alert_webhook = alerts.AlertWebhook(resolved, queue)
         await chosen.start()
         monitor = chosen.store_monitor
+        auth = feedback_auth(resolved.feedback)
+        if auth != "keys":
+            log.warning("feedback: %s", FEEDBACK_AUTH_WARNINGS[auth])
         log.info(
             "gateway ready: versions %s, online store %s, inference %s",
             sorted(chosen.releases),
@@ -54,6 +66,7 @@ def create_app(settings: Settings | None = None, gateway: Gateway | None = None)
         lifespan=lifespan,
         description="Multi-stage recommendation: retrieval, filtering, scoring, ordering.",
     )
+    app.state.feedback_keys = KeyRing(resolved.feedback.keys, resolved.feedback.keys_file)
     for module in (recommend, feedback, health, alerts):
         app.include_router(module.router)
 

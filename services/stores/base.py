@@ -22,6 +22,8 @@ FEEDBACK_FIELDS = (
     "event_id",
     "request_id",
     "hit",
+    "trust",  # what the server vouches for: services.attribution.TRUST_LEVELS
+    "source",  # which client credential sent it (a key's fingerprint, or "open")
 )
 # One impression set per answer: items and scores space-separated in rank order.
 IMPRESSION_FIELDS = (
@@ -63,10 +65,43 @@ class UserLookup:
 @dataclass
 class Appended:
     """The result of ``append_feedback``: a stream id per event (the earlier id for a
-    duplicate ``event_id``) and how many events were duplicates, so not stored again."""
+    duplicate ``event_id``) and whether each was stored now (False: a duplicate, stored
+    before, so not stored again)."""
 
     ids: list[str]
-    duplicates: int = 0
+    new: list[bool]
+
+    @property
+    def duplicates(self) -> int:
+        return self.new.count(False)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What the server logged of one answer: the version that served it, the user it was
+    for and the items it showed (ids as text, as they are in the streams)."""
+
+    version: int
+    user_id: str
+    items: frozenset[str]
+
+    def encode(self) -> str:
+        return " ".join([str(self.version), self.user_id, *self.items])
+
+    @classmethod
+    def decode(cls, text: str) -> Answer | None:
+        """The inverse of ``encode``; None for a value in another layout (an older key)."""
+        parts = text.split()
+        if len(parts) < 2 or not parts[0].isdigit():
+            return None
+        return cls(int(parts[0]), parts[1], frozenset(parts[2:]))
+
+    @classmethod
+    def of_impression(cls, record: dict[str, str]) -> Answer:
+        """The answer an impression set (``IMPRESSION_FIELDS``) records."""
+        return cls(
+            int(record["model_version"]), record["user_id"], frozenset(record["items"].split())
+        )
 
 
 @dataclass
@@ -129,11 +164,11 @@ class OnlineStore(ABC):
         self, records: Sequence[dict[str, str]], max_len: int, ttl_s: int
     ) -> None:
         """Append impression sets (``IMPRESSION_FIELDS``) to their stream, trimmed to about
-        ``max_len``, and remember each request's model version for ``ttl_s``."""
+        ``max_len``, and remember each request's ``Answer`` for ``ttl_s``."""
 
     @abstractmethod
-    async def impression_versions(self, request_ids: Sequence[str]) -> list[int | None]:
-        """The model version that served each request (None: unknown or expired)."""
+    async def answers(self, request_ids: Sequence[str]) -> list[Answer | None]:
+        """The logged answer of each request (None: unknown or expired)."""
 
     @abstractmethod
     async def first_hits(self, request_ids: Sequence[str], ttl_s: int) -> list[bool]:

@@ -11,6 +11,7 @@ not trimmed (Redis is the store for a fleet).
 from __future__ import annotations
 
 import bisect
+import contextlib
 import json
 import os
 import time
@@ -21,6 +22,7 @@ import numpy as np
 
 from services.stores.base import (
     STREAMS,
+    Answer,
     Appended,
     Durability,
     OnlineStore,
@@ -42,7 +44,7 @@ class InMemoryStore(OnlineStore):
         self.streams: dict[str, list[StreamEntry]] = {name: [] for name in STREAMS}
         self._last_id = (0, 0)
         self._event_ids: dict[str, tuple[str, float]] = {}  # event_id -> (stream id, expiry)
-        self._served: dict[str, tuple[int, float]] = {}  # request_id -> (version, expiry)
+        self._answers: dict[str, tuple[Answer, float]] = {}  # request_id -> (answer, expiry)
         self._hits: dict[str, float] = {}  # request_id -> expiry
         self._marker: dict[str, int] | None = None
         self._locks: dict[str, float] = {}  # name -> expiry
@@ -64,6 +66,12 @@ class InMemoryStore(OnlineStore):
         for stream_id, event in self.feedback:
             if event.get("event_id"):
                 self._event_ids[event["event_id"]] = (stream_id, float("inf"))
+        for _, record in self.streams["impressions"]:  # answers logged before a restart
+            self._remember(record, float("inf"))
+
+    def _remember(self, record: dict[str, str], expiry: float) -> None:
+        with contextlib.suppress(KeyError, ValueError):  # a malformed line: nothing to vouch
+            self._answers[record["request_id"]] = (Answer.of_impression(record), expiry)
 
     def _tail(self, name: str) -> None:
         """Add the complete lines another process (or this one) appended to the stream file
@@ -132,21 +140,22 @@ class InMemoryStore(OnlineStore):
     ) -> Appended:
         checked = [validate_event(e) for e in events]  # all validated before any is stored
         now = time.time()
-        ids, new, duplicates = [], [], 0
+        ids, stored, fresh = [], [], []
         for event in checked:
             event_id = event.get("event_id")
             earlier = self._event_ids.get(event_id) if event_id else None
             if earlier is not None and earlier[1] > now:
                 ids.append(earlier[0])
-                duplicates += 1
+                fresh.append(False)
                 continue
             stream_id = self._next_id()
-            new.append((stream_id, event))
+            stored.append((stream_id, event))
             if event_id:
                 self._event_ids[event_id] = (stream_id, now + idempotency_ttl_s)
             ids.append(stream_id)
-        self._append("feedback", new, max_len, sync=True)
-        return Appended(ids, duplicates)
+            fresh.append(True)
+        self._append("feedback", stored, max_len, sync=True)
+        return Appended(ids, fresh)
 
     async def read_feedback(self, count: int = 1000) -> list[dict[str, str]]:
         return [event for _, event in self.feedback[:count]]
@@ -157,13 +166,13 @@ class InMemoryStore(OnlineStore):
         expiry = time.time() + ttl_s
         entries = [(self._next_id(), dict(record)) for record in records]
         for _, record in entries:
-            self._served[record["request_id"]] = (int(record["model_version"]), expiry)
+            self._remember(record, expiry)
         self._append("impressions", entries, max_len, sync=False)
 
-    async def impression_versions(self, request_ids: Sequence[str]) -> list[int | None]:
+    async def answers(self, request_ids: Sequence[str]) -> list[Answer | None]:
         now = time.time()
-        found = [self._served.get(r) for r in request_ids]
-        return [v[0] if v is not None and v[1] > now else None for v in found]
+        found = [self._answers.get(r) for r in request_ids]
+        return [a[0] if a is not None and a[1] > now else None for a in found]
 
     async def first_hits(self, request_ids: Sequence[str], ttl_s: int) -> list[bool]:
         now, first = time.time(), []

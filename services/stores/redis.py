@@ -19,6 +19,7 @@ from redis.exceptions import ResponseError
 from services.stores.base import (
     SCHEMA,
     STREAMS,
+    Answer,
     Appended,
     Durability,
     OnlineStore,
@@ -149,8 +150,9 @@ class RedisStore(OnlineStore):
             fields = [part for item in event.items() for part in item]
             args += [event.get("event_id", ""), len(event), *fields]
         replies = await self._append(keys=[self.key("feedback")], args=args)
-        ids = [stream_id.decode() for stream_id, _ in replies]
-        return Appended(ids, duplicates=sum(1 for _, new in replies if not new))
+        return Appended(
+            [stream_id.decode() for stream_id, _ in replies], [bool(new) for _, new in replies]
+        )
 
     async def read_feedback(self, count: int = 1000) -> list[dict[str, str]]:
         entries: Any = await self.client.xrange(self.key("feedback"), count=count)
@@ -162,14 +164,15 @@ class RedisStore(OnlineStore):
         pipe = self.client.pipeline(transaction=False)
         for record in records:
             pipe.xadd(self.key("impressions"), record, maxlen=max_len, approximate=True)  # type: ignore[arg-type]
-            pipe.set(self.key("served", record["request_id"]), record["model_version"], ex=ttl_s)
+            answer = Answer.of_impression(record).encode()
+            pipe.set(self.key("answer", record["request_id"]), answer, ex=ttl_s)
         await pipe.execute()
 
-    async def impression_versions(self, request_ids: Sequence[str]) -> list[int | None]:
+    async def answers(self, request_ids: Sequence[str]) -> list[Answer | None]:
         if not request_ids:
             return []
-        found = await self.client.mget([self.key("served", r) for r in request_ids])
-        return [None if v is None else int(v) for v in found]
+        found = await self.client.mget([self.key("answer", r) for r in request_ids])
+        return [None if v is None else Answer.decode(_text(v)) for v in found]
 
     async def first_hits(self, request_ids: Sequence[str], ttl_s: int) -> list[bool]:
         pipe = self.client.pipeline(transaction=False)

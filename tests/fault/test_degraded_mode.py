@@ -22,6 +22,7 @@ from services.materialize import materialize_embeddings, user_records
 from services.settings import BreakerSettings, RedisSettings, Settings, TritonSettings
 from services.stores.memory import InMemoryStore
 from services.stores.redis import RedisStore
+from tests.conftest import FEEDBACK_HEADERS
 from tests.unit.services.fakes import FaultyBackend
 
 
@@ -29,7 +30,9 @@ async def _client(gateway: Gateway) -> AsyncIterator[httpx.AsyncClient]:
     app = create_app(gateway=gateway)
     async with (
         app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://g") as http,
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://g", headers=FEEDBACK_HEADERS
+        ) as http,
     ):
         yield http
 

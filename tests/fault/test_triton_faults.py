@@ -17,6 +17,7 @@ from services.local_redis import free_port, start_redis_server
 from services.materialize import materialize, materialize_embeddings
 from services.settings import RedisSettings, Settings, TritonSettings
 from services.triton_server import TritonServer, TritonUnavailable, wheel_directory
+from tests.conftest import FEEDBACK_HEADERS
 
 pytestmark = pytest.mark.integration
 
@@ -86,6 +87,8 @@ async def test_a_redis_stall_degrades_embeddings_and_the_triton_breaker_stays_cl
 async def _client(app: object) -> AsyncIterator[httpx.AsyncClient]:
     async with (
         app.router.lifespan_context(app),  # type: ignore[attr-defined]
-        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://g") as http,  # type: ignore[arg-type]
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://g", headers=FEEDBACK_HEADERS
+        ) as http,  # type: ignore[arg-type]
     ):
         yield http

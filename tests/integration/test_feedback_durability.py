@@ -18,6 +18,7 @@ from services.local_redis import start_redis_server
 from services.materialize import materialize_embeddings
 from services.settings import FeedbackSettings, RedisSettings, Settings
 from services.stores.redis import RedisStore
+from tests.conftest import FEEDBACK_HEADERS
 
 pytestmark = pytest.mark.integration
 
@@ -64,7 +65,9 @@ async def _client(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
     app = create_app(gateway=Gateway(settings))
     async with (
         app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://g") as http,
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://g", headers=FEEDBACK_HEADERS
+        ) as http,
     ):
         yield http
 

@@ -19,6 +19,7 @@ from services.local_redis import start_redis_server
 from services.materialize import materialize_embeddings
 from services.settings import RedisSettings, Settings
 from services.stores.redis import RedisStore
+from tests.conftest import FEEDBACK_HEADERS
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +43,9 @@ async def _client(settings: Settings) -> AsyncIterator[tuple[httpx.AsyncClient, 
     app = create_app(gateway=gateway)
     async with (
         app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://g") as http,
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://g", headers=FEEDBACK_HEADERS
+        ) as http,
     ):
         yield http, gateway
 

@@ -17,6 +17,7 @@ from services.api.app import create_app
 from services.control.desired_state import DesiredState, FileDesiredState
 from services.gateway import Gateway
 from services.settings import FollowSettings, Settings
+from tests.conftest import FEEDBACK_HEADERS
 
 pytestmark = pytest.mark.integration
 
@@ -45,7 +46,9 @@ async def _client(root: Path) -> AsyncIterator[tuple[httpx.AsyncClient, Gateway]
     app = create_app(gateway=gateway)
     async with (
         app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://g") as http,
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://g", headers=FEEDBACK_HEADERS
+        ) as http,
     ):
         yield http, gateway
 

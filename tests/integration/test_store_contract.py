@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from services.stores.base import OnlineStore, UserRecord
+from services.stores.base import Answer, OnlineStore, UserRecord
 from services.stores.memory import InMemoryStore
 from services.stores.redis import RedisStore
 from tests.conftest import redis_url
@@ -122,13 +122,17 @@ def _impression(request_id: str, version: int, items: str = "5 9 2") -> dict[str
     }
 
 
-async def test_impressions_resolve_their_version_and_read_back_in_order(
+async def test_impressions_resolve_their_answer_and_read_back_in_order(
     store: OnlineStore,
 ) -> None:
     await store.append_impressions(
-        [_impression("a" * 32, 1), _impression("b" * 32, 2)], max_len=1000, ttl_s=60
+        [_impression("a" * 32, 1), _impression("b" * 32, 2, "7")], max_len=1000, ttl_s=60
     )
-    assert await store.impression_versions(["b" * 32, "c" * 32, "a" * 32]) == [2, None, 1]
+    assert await store.answers(["b" * 32, "c" * 32, "a" * 32]) == [
+        Answer(2, "1", frozenset({"7"})),
+        None,
+        Answer(1, "1", frozenset({"5", "9", "2"})),
+    ]
     entries = await store.read_stream("impressions")
     assert [fields["request_id"] for _, fields in entries] == ["a" * 32, "b" * 32]
     after_first = await store.read_stream("impressions", after=entries[0][0])
@@ -176,7 +180,7 @@ async def test_file_backed_streams_survive_a_restart(tmp_path: Path) -> None:
         max_len=1000,
         idempotency_ttl_s=60,
     )
-    assert again.duplicates == 1 and again.ids == appended.ids
+    assert again.duplicates == 1 and again.ids == appended.ids and again.new == [False]
     later = await second.append_feedback(
         [{"user_id": "1", "item_id": "3", "type": "click"}], max_len=1000, idempotency_ttl_s=60
     )
@@ -185,6 +189,8 @@ async def test_file_backed_streams_survive_a_restart(tmp_path: Path) -> None:
     third = InMemoryStore(stream_dir=tmp_path)
     await third.start()
     assert await third.read_stream("feedback") == entries  # nothing lost to the torn line
+    # answers logged before the restart still vouch for their clicks
+    assert await third.answers(["a" * 32]) == [Answer(3, "1", frozenset({"5", "9", "2"}))]
 
 
 async def test_file_backed_streams_are_read_live_by_another_process(tmp_path: Path) -> None:

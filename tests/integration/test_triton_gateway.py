@@ -18,7 +18,7 @@ from services.local_redis import free_port
 from services.materialize import materialize, materialize_embeddings
 from services.settings import RedisSettings, Settings, TritonSettings
 from services.triton_server import TritonServer, TritonUnavailable, wheel_directory
-from tests.conftest import redis_url
+from tests.conftest import FEEDBACK_HEADERS, redis_url
 
 pytestmark = pytest.mark.integration
 
@@ -96,7 +96,9 @@ async def _client(settings: Settings) -> AsyncIterator[tuple[httpx.AsyncClient, 
     app = create_app(gateway=gateway)
     async with (
         app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://g") as http,
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://g", headers=FEEDBACK_HEADERS
+        ) as http,
     ):
         yield http, gateway
 

@@ -33,7 +33,7 @@ from services.local_redis import free_port
 from services.materialize import materialize_embeddings
 from services.settings import BreakerSettings, Settings, TritonSettings
 from services.triton_server import TritonServer, TritonUnavailable, wheel_directory
-from tests.conftest import redis_url
+from tests.conftest import FEEDBACK_HEADERS, redis_url
 from tests.integration.served_app import wait_until_ready
 
 pytestmark = pytest.mark.integration
@@ -420,7 +420,9 @@ async def _client(settings: Settings) -> AsyncIterator[tuple[httpx.AsyncClient, 
     app = create_app(gateway=gateway)
     async with (
         app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://g") as http,
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://g", headers=FEEDBACK_HEADERS
+        ) as http,
     ):
         yield http, gateway
 

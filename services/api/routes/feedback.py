@@ -1,88 +1,141 @@
-"""POST /v1/feedback: impressions and clicks, acknowledged only once stored durably.
+"""POST /v1/feedback: impressions and clicks from a client holding a key, acknowledged only
+once stored durably.
 
-An event that names the ``request_id`` of an answer is attributed to the model version that
-served that answer, resolved from the impression log on the server; metric labels only ever
-take versions this gateway serves (or one fixed bucket), never a value from the body.
+Each event is stored with the trust level the server gives it (``services.attribution``):
+``served`` when its ``request_id`` names an answer this fleet logged, for the same user and
+an item that answer showed, and then with the version the server recorded; ``organic``
+without a ``request_id``; else untrusted with the reason. Only ``served`` events count
+toward a version's KPIs (CTR, hit rate) and the rollout's analysis. Counters move only for
+events stored now (a retried ``event_id`` moves none); their label values come from fixed
+sets, never from the body.
 """
 
 from __future__ import annotations
 
 import time
+from typing import Annotated
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi.security import HTTPAuthorizationCredentials
 
+from services.api.credentials import KeyRing, bearer, fingerprint
 from services.api.deps import GatewayDep
-from services.api.schemas import ERROR_RESPONSES, FeedbackRequest, FeedbackResponse
+from services.api.schemas import ERROR_RESPONSES, ErrorResponse, FeedbackRequest, FeedbackResponse
+from services.attribution import SERVED, vouch
 from services.errors import FeedbackNotDurable
 from services.gateway import Gateway
 from services.metrics import FEEDBACK, FEEDBACK_DUPLICATES, HITS, version_label
+from services.stores.base import Answer
+
+OPEN_SOURCE = "open"  # the source of events accepted without a key (feedback.open)
 
 router = APIRouter()
 
 
-async def _attribute(gateway: Gateway, body: FeedbackRequest) -> list[int | None]:
-    """The model version of each event: the one that served its request_id when it names
-    one (from the store, or from this gateway's impression sets not yet written there; None
-    when that is unknown or expired), else the client's own claim."""
-    request_ids = sorted({e.request_id for e in body.events if e.request_id})
-    resolved: dict[str, int | None] = {}
-    if request_ids:
-        timeout_s = gateway.settings.redis.feedback_timeout_ms / 1000
-        versions = await gateway.redis_breaker.call(
-            lambda: gateway.store.impression_versions(request_ids), timeout_s
+def feedback_source(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+) -> str:
+    """Which client sends the events: the fingerprint of the key it proved it holds
+    (``open`` when the gateway accepts feedback without one). 401 otherwise."""
+    settings = request.app.state.gateway.settings.feedback
+    keys: KeyRing = request.app.state.feedback_keys
+    if credentials is not None and keys.configured:
+        key = keys.match(credentials.credentials)
+        if key is not None:
+            return fingerprint(key)
+    if settings.open:
+        return OPEN_SOURCE
+    if not keys.configured:
+        raise HTTPException(
+            401,
+            "feedback needs a client key and this gateway has none configured "
+            "(set CASCADE_FEEDBACK__KEYS or CASCADE_FEEDBACK__KEYS_FILE)",
+            headers={"WWW-Authenticate": "Bearer"},
         )
-        resolved = dict(zip(request_ids, versions, strict=True))
-        if gateway.impressions is not None:  # answered just now: its set may still be queued
-            for request_id, version in resolved.items():
-                if version is None:
-                    resolved[request_id] = gateway.impressions.pending_version(request_id)
-    return [resolved[e.request_id] if e.request_id else e.model_version for e in body.events]
+    raise HTTPException(
+        401,
+        "a valid feedback key is required (Authorization: Bearer <key>)",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
 
 
-async def _first_clicks(
-    gateway: Gateway, body: FeedbackRequest, versions: list[int | None]
-) -> set[str]:
-    """The requests whose first click this is: their impression set becomes a hit (stored
-    on the event as ``hit: 1``, counted per version for the hit rate)."""
-    clicked = {
-        e.request_id: v
-        for e, v in zip(body.events, versions, strict=True)
-        if e.type == "click" and e.request_id and v is not None
-    }
+async def _answers(gateway: Gateway, body: FeedbackRequest) -> dict[str, Answer | None]:
+    """The logged answer of each ``request_id`` the events name: from the store, or from
+    this gateway's impression sets not yet written there."""
+    request_ids = sorted({e.request_id for e in body.events if e.request_id})
+    if not request_ids:
+        return {}
+    timeout_s = gateway.settings.redis.feedback_timeout_ms / 1000
+    found = await gateway.redis_breaker.call(lambda: gateway.store.answers(request_ids), timeout_s)
+    answers = dict(zip(request_ids, found, strict=True))
+    if gateway.impressions is not None:  # answered just now: its set may still be queued
+        for request_id, answer in answers.items():
+            if answer is None:
+                answers[request_id] = gateway.impressions.pending_answer(request_id)
+    return answers
+
+
+async def _first_clicks(gateway: Gateway, clicked: list[str]) -> set[str]:
+    """Of the answers that got a served click now, those whose first click this is: their
+    impression set becomes a hit (stored on the event as ``hit: 1``)."""
     if not clicked:
         return set()
     ttl_s = gateway.settings.impressions.attribution_ttl_s
     timeout_s = gateway.settings.redis.feedback_timeout_ms / 1000
     firsts = await gateway.redis_breaker.call(
-        lambda: gateway.store.first_hits(list(clicked), ttl_s), timeout_s
+        lambda: gateway.store.first_hits(clicked, ttl_s), timeout_s
     )
     return {request_id for request_id, first in zip(clicked, firsts, strict=True) if first}
 
 
-@router.post("/v1/feedback", response_model=FeedbackResponse, responses=ERROR_RESPONSES)
-async def feedback(body: FeedbackRequest, gateway: GatewayDep) -> FeedbackResponse:
+@router.post(
+    "/v1/feedback",
+    response_model=FeedbackResponse,
+    responses={
+        **ERROR_RESPONSES,
+        401: {"model": ErrorResponse, "description": "No or a wrong feedback key."},
+    },
+)
+async def feedback(
+    body: FeedbackRequest,
+    gateway: GatewayDep,
+    source: Annotated[str, Depends(feedback_source)],
+) -> FeedbackResponse:
     refusal = gateway.feedback_refusal
     if refusal is not None:
         raise FeedbackNotDurable(refusal)
-    versions = await _attribute(gateway, body)
-    hits = await _first_clicks(gateway, body, versions)
-    now = int(time.time())
-    events = [
+    answers = await _answers(gateway, body)
+    vouched = [
+        vouch(str(e.user_id), str(e.item_id), e.request_id, answers.get(e.request_id or ""))
+        for e in body.events
+    ]
+    served_clicks = sorted(
         {
+            e.request_id
+            for e, (trust, _) in zip(body.events, vouched, strict=True)
+            if e.type == "click" and trust == SERVED and e.request_id
+        }
+    )
+    hits = await _first_clicks(gateway, served_clicks)
+    now = int(time.time())
+    events = []
+    for e, (trust, version) in zip(body.events, vouched, strict=True):
+        event = {
             "user_id": str(e.user_id),
             "item_id": str(e.item_id),
             "type": e.type,
             "model_version": "" if version is None else str(version),
             "timestamp": str(e.timestamp or now),
+            "trust": trust,
+            "source": source,
             **({"event_id": e.event_id} if e.event_id else {}),
             **({"request_id": e.request_id} if e.request_id else {}),
         }
-        for e, version in zip(body.events, versions, strict=True)
-    ]
-    for event, e in zip(events, body.events, strict=True):
-        if e.type == "click" and e.request_id in hits:
+        if e.type == "click" and trust == SERVED and e.request_id in hits:
             event["hit"] = "1"
             hits.discard(e.request_id)  # one event per request carries it
+        events.append(event)
     settings = gateway.settings
     timeout_s = settings.redis.feedback_timeout_ms / 1000
     appended = await gateway.redis_breaker.call(
@@ -91,9 +144,11 @@ async def feedback(body: FeedbackRequest, gateway: GatewayDep) -> FeedbackRespon
         ),
         timeout_s,
     )
-    for stored, version in zip(events, versions, strict=True):
+    for stored, (trust, version), new in zip(events, vouched, appended.new, strict=True):
+        if not new:  # a retry of an event stored before: counted then
+            continue
         label = version_label(version, gateway.releases)
-        FEEDBACK.labels(model_version=label, type=stored["type"]).inc()
+        FEEDBACK.labels(model_version=label, type=stored["type"], trust=trust).inc()
         if stored.get("hit"):
             HITS.labels(model_version=label).inc()
     FEEDBACK_DUPLICATES.inc(appended.duplicates)

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Response
 from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from services.api.credentials import feedback_auth
 from services.api.deps import GatewayDep
 from services.metrics import render_metrics
 
@@ -39,6 +40,7 @@ async def ready(gateway: GatewayDep, response: Response) -> dict[str, object]:
         "online_store": monitor.state if monitor is not None else "unknown",
         "feedback_durable": durability.durable if durability is not None else None,
         "feedback_refused": gateway.feedback_refusal,
+        "feedback_auth": feedback_auth(gateway.settings.feedback),
         "release_problems": list(gateway.release_problems),
         "rollout": gateway.follower.status() if gateway.follower is not None else None,
     }

@@ -97,6 +97,7 @@ async def _traffic(
                         "model_version": str(version),
                         "request_id": request_id,
                         "hit": "1" if rank == int(np.argmax(shown)) else "0",
+                        "trust": "served",
                     }
                 )
     await store.append_impressions(impressions, max_len=10**7, ttl_s=60)

@@ -11,6 +11,7 @@ import pytest
 
 from services.api.app import create_app
 from services.settings import Settings
+from tests.conftest import FEEDBACK_HEADERS
 
 
 @pytest.fixture
@@ -18,6 +19,8 @@ async def client(exported: Path) -> AsyncIterator[httpx.AsyncClient]:
     app = create_app(Settings(artifacts=exported, max_body_bytes=4096))
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as http:
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://gateway", headers=FEEDBACK_HEADERS
+        ) as http:
             http.app = app  # type: ignore[attr-defined]
             yield http

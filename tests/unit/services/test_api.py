@@ -96,8 +96,11 @@ async def test_feedback_is_stored_before_it_is_acknowledged(client: httpx.AsyncC
     assert response.status_code == 200 and response.json()["stored"] == 2
     stored = await _gateway(client).store.read_feedback()
     assert [e["type"] for e in stored] == ["impression", "click"]
+    # no request_id: organic, whatever version the client claims
+    assert {(e["trust"], e["model_version"]) for e in stored} == {("organic", "")}
     metrics = (await client.get("/metrics")).text
-    assert 'cascade_feedback_events_total{model_version="1",type="click"}' in metrics
+    organic = 'model_version="unattributed",trust="organic",type="click"'
+    assert f"cascade_feedback_events_total{{{organic}}}" in metrics
 
 
 @pytest.mark.parametrize(

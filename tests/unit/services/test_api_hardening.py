@@ -92,7 +92,7 @@ async def test_feedback_model_versions_never_create_new_series(client: httpx.Asy
         line for line in metrics.splitlines() if line.startswith("cascade_feedback_events_total{")
     ]
     versions = {line.split('model_version="')[1].split('"')[0] for line in series}
-    assert "other" in versions  # versions this gateway does not serve share one bucket
+    assert "unattributed" in versions  # a claimed version is never the label (nor trusted)
     assert not any(str(v) in versions for v in range(1000, 1025))
 
 

@@ -12,6 +12,7 @@ import httpx
 from services.api.app import create_app
 from services.gateway import Gateway
 from services.settings import RedisSettings, Settings
+from tests.conftest import FEEDBACK_HEADERS
 
 CLICK = {"events": [{"user_id": 3, "item_id": 1, "type": "click", "event_id": "e-1"}]}
 
@@ -24,7 +25,9 @@ async def _post_with_store_delay(exported: Path, delay_s: float) -> httpx.Respon
     app = create_app(gateway=gateway)
     async with (
         app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://g") as http,
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://g", headers=FEEDBACK_HEADERS
+        ) as http,
     ):
         append = gateway.store.append_feedback
 

@@ -44,7 +44,8 @@ async def test_clicks_are_attributed_to_the_version_that_served_them(
     body = (await client.post("/v1/recommend", json={"user_id": 3, "k": 5})).json()
     await _gateway(client).impressions.flush()  # type: ignore[union-attr]
     item = body["items"][0]["item_id"]
-    clicks_before = _value("cascade_feedback_events_total", model_version="1", type="click")
+    served = {"model_version": "1", "type": "click", "trust": "served"}
+    clicks_before = _value("cascade_feedback_events_total", **served)
     hits_before = _value("cascade_hits_total", model_version="1")
     event = {"user_id": 3, "item_id": item, "type": "click", "request_id": body["request_id"]}
     claimed = {**event, "model_version": 42}  # the client's claim is ignored
@@ -52,9 +53,7 @@ async def test_clicks_are_attributed_to_the_version_that_served_them(
     assert response.status_code == 200
     stored = [f for _, f in await _gateway(client).store.read_stream("feedback")]
     assert [e["model_version"] for e in stored[-2:]] == ["1", "1"]
-    assert _value("cascade_feedback_events_total", model_version="1", type="click") == (
-        clicks_before + 2
-    )
+    assert _value("cascade_feedback_events_total", **served) == clicks_before + 2
     assert _value("cascade_hits_total", model_version="1") == hits_before + 1  # once per set
 
 
@@ -73,7 +72,7 @@ async def test_a_click_before_its_impression_set_is_written_is_attributed(
 
     monkeypatch.setattr(gateway.store, "append_impressions", held)
     body = (await client.post("/v1/recommend", json={"user_id": 3, "k": 5})).json()
-    assert await gateway.store.impression_versions([body["request_id"]]) == [None]
+    assert await gateway.store.answers([body["request_id"]]) == [None]
     event = {"user_id": 3, "item_id": body["items"][0]["item_id"], "type": "click"}
     event["request_id"] = body["request_id"]
     assert (await client.post("/v1/feedback", json={"events": [event]})).status_code == 200
@@ -82,16 +81,18 @@ async def test_a_click_before_its_impression_set_is_written_is_attributed(
     release.set()
     await asyncio.sleep(0.05)
     assert gateway.impressions is not None
-    assert gateway.impressions.pending_version(body["request_id"]) is None  # written: forgotten
+    assert gateway.impressions.pending_answer(body["request_id"]) is None  # written: forgotten
 
 
 async def test_an_unknown_request_id_is_unattributed(client: httpx.AsyncClient) -> None:
-    before = _value("cascade_feedback_events_total", model_version="unattributed", type="click")
+    unknown = {"model_version": "unattributed", "type": "click", "trust": "unknown_request"}
+    before = _value("cascade_feedback_events_total", **unknown)
     event = {"user_id": 3, "item_id": 1, "type": "click", "request_id": "0" * 32}
     assert (await client.post("/v1/feedback", json={"events": [event]})).status_code == 200
     stored = [f for _, f in await _gateway(client).store.read_stream("feedback")]
     assert stored[-1]["model_version"] == "" and stored[-1]["request_id"] == "0" * 32
-    after = _value("cascade_feedback_events_total", model_version="unattributed", type="click")
+    assert stored[-1]["trust"] == "unknown_request"
+    after = _value("cascade_feedback_events_total", **unknown)
     assert after == before + 1
 
 
@@ -138,7 +139,8 @@ async def test_flush_waits_for_the_batch_the_writer_holds() -> None:
     log.start()
     log.record(impression_record("c" * 32, 1, 1, np.arange(3), np.ones(3)), {1})
     await asyncio.sleep(0.05)  # the writer has taken the set and is writing it
-    assert log.pending_version("c" * 32) == 1
+    pending = log.pending_answer("c" * 32)
+    assert pending is not None and pending.version == 1 and pending.items == {"0", "1", "2"}
     assert await store.read_stream("impressions") == []
     await log.flush()
     assert [f["request_id"] for _, f in await store.read_stream("impressions")] == ["c" * 32]
