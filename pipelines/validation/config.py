@@ -4,15 +4,20 @@
 defaults below); ``load_gate_config(path)`` reads an operator's file, where any field left
 out keeps its default. Metric names: ``recall@10``, ``ndcg@10`` (retrieval, full ranking,
 per user), ``auc``, ``logloss`` (the served blend of DLRM and trees, per row).
+
+A threshold that makes its check vacuous is refused with its key: a floor outside its
+metric's range (recall, NDCG, AUC lie in [0, 1]; a LogLoss ceiling must be above 0), a
+non-inferiority margin outside [0, 1) (negative asks for superiority, 1 or more lets any
+loss pass), and any value that is not a finite number.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Literal, cast
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from pipelines.errors import ConfigError
 
@@ -30,7 +35,7 @@ _DEFAULT_MARGINS: dict[Metric, float] = {
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class Floors(_Strict):
@@ -41,7 +46,7 @@ class Floors(_Strict):
     auc: float = Field(0.6, description="Lowest AUC of the served ranker.")
     logloss: float = Field(0.69, description="Highest LogLoss (0.693 is a coin flip).")
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, populate_by_name=True)
 
     def as_dict(self) -> dict[str, float]:
         return self.model_dump(by_alias=True)
@@ -115,6 +120,37 @@ class Holdout(_Strict):
     min_users: int = Field(30, ge=1, description="A holdout with fewer users fails the gate.")
 
 
+def floor_problem(metric: Metric, value: float) -> str | None:
+    """Why a floor (LogLoss: a ceiling) could never fail or never pass, or None."""
+    if metric in LOWER_IS_BETTER:
+        return None if value > 0 else f"{value:g} is not above 0, so the check could never pass"
+    if value < 0:
+        return f"{value:g} is below 0, so the check could never fail"
+    if value > 1:
+        return f"{value:g} is above 1, so the check could never pass"
+    return None
+
+
+def margin_problem(metric: Metric, value: float) -> str | None:
+    """Why a relative non-inferiority margin is not one, or None (margins lie in [0, 1))."""
+    if value < 0:
+        return (
+            f"{value:g} is below 0: the candidate would have to beat production by "
+            f"{-value:.0%}, so an equal candidate could never pass"
+        )
+    if value >= 1 and metric in LOWER_IS_BETTER:
+        return (
+            f"{value:g} is not below 1: a candidate with {1 + value:g} times production's "
+            "LogLoss would pass"
+        )
+    if value >= 1:
+        return (
+            f"{value:g} is not below 1: it allows losing {value:.0%} of production's "
+            f"{metric}, so the check could never fail"
+        )
+    return None
+
+
 class GateConfig(_Strict):
     """Every threshold of the validation gate."""
 
@@ -124,6 +160,40 @@ class GateConfig(_Strict):
     slice_definitions: SliceDefinitions = SliceDefinitions()
     sanity: Sanity = Sanity()
     holdout: Holdout = Holdout()
+
+    @model_validator(mode="after")
+    def _every_check_can_fail(self) -> GateConfig:
+        floors: list[tuple[str, dict[Metric, float]]] = [
+            ("floors", cast(dict[Metric, float], self.floors.as_dict())),
+            *((f"slices.{name}.floors", rule.floors) for name, rule in self.slices.items()),
+        ]
+        problems = [
+            (f"{where}.{metric}", floor_problem(metric, value))
+            for where, thresholds in floors
+            for metric, value in thresholds.items()
+        ]
+        problems += [
+            (f"non_inferiority.margins.{metric}", margin_problem(metric, value))
+            for metric, value in self.non_inferiority.margins.items()
+        ]
+        found = [f"{key}: {problem}" for key, problem in problems if problem is not None]
+        if found:
+            raise ValueError("; ".join(found))
+        return self
+
+
+def _describe(error: ValidationError) -> str:
+    """pydantic's errors as ``key.path: what is wrong (got value)``, joined by ``; ``."""
+    lines = []
+    for item in error.errors():
+        where = ".".join(str(part) for part in item["loc"] if part != "[key]")
+        what = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            what = "unknown key"
+        elif item["type"] != "value_error":
+            what = f"{what[:1].lower()}{what[1:]} (got {item['input']!r})"
+        lines.append(f"{where}: {what}" if where else what)
+    return "; ".join(lines)
 
 
 def load_gate_config(path: Path | None = None) -> GateConfig:
@@ -136,5 +206,9 @@ def load_gate_config(path: Path | None = None) -> GateConfig:
         return GateConfig.model_validate(raw)
     except FileNotFoundError:
         raise ConfigError(f"gate config {source} does not exist") from None
-    except (yaml.YAMLError, ValidationError) as error:
+    except OSError as error:  # a directory, no permission
+        raise ConfigError(f"cannot read gate config {source}: {error.strerror}") from None
+    except ValidationError as error:
+        raise ConfigError(f"gate config {source}: {_describe(error)}") from None
+    except yaml.YAMLError as error:
         raise ConfigError(f"gate config {source}: {error}") from None
