@@ -89,8 +89,9 @@ def add_parser(commands: Any) -> None:
     parser.add_argument(
         "--lock-ttl",
         type=float,
-        default=900.0,
-        help="seconds the lock outlives a dead job (refreshed while working; default 900)",
+        default=30.0,
+        help="seconds the lock outlives a killed job (a heartbeat renews it every third of "
+        "that while the job runs; default 30)",
     )
     parser.add_argument(
         "--from-queue",

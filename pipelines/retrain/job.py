@@ -46,8 +46,11 @@ LOCK_NAME = "retrain"
 SABOTAGES = ("shuffled-embeddings",)
 
 
+LOCK_TTL_S = 30.0  # a killed job blocks the next one this long (a heartbeat renews it)
+
+
 class Lock(Protocol):
-    def refresh(self) -> Any: ...
+    def check(self) -> Any: ...
 
 
 class Registry(Protocol):
@@ -72,7 +75,7 @@ class RetrainOptions:
     force: bool = False
     sabotage: str | None = None
     gc_keep: int | None = None
-    lock_ttl_s: float = 900.0
+    lock_ttl_s: float = LOCK_TTL_S
     trigger: dict[str, Any] | None = None  # why it runs (the alerts of a queued request)
 
 
@@ -88,19 +91,16 @@ class Outcome:
 
 
 class Progress:
-    """One line per phase or epoch, with the elapsed time; keeps the lock alive."""
+    """One line per phase or epoch, with the elapsed time; stops the job (``LockLost``)
+    once its lock was taken by another run (the lock's heartbeat keeps it alive)."""
 
-    def __init__(self, log: Callable[[str], None], keep_alive: Callable[[], Any]) -> None:
-        self.log, self.keep_alive = log, keep_alive
+    def __init__(self, log: Callable[[str], None], check_lock: Callable[[], Any]) -> None:
+        self.log, self.check_lock = log, check_lock
         self.started = time.monotonic()
-        self._refreshed = 0.0
 
     def __call__(self, message: str) -> None:
-        now = time.monotonic()
-        self.log(f"[retrain {now - self.started:7.1f}s] {message}")
-        if now - self._refreshed > 5.0:
-            self.keep_alive()
-            self._refreshed = now
+        self.check_lock()
+        self.log(f"[retrain {time.monotonic() - self.started:7.1f}s] {message}")
 
 
 def _run_name() -> str:
@@ -194,7 +194,7 @@ def run_retrain(
     state_dir = StateDir(options.state_dir or root / "retrain")
     started = time.monotonic()
     with registry.lock(LOCK_NAME, options.lock_ttl_s) as lock:
-        progress = Progress(log, lock.refresh)
+        progress = Progress(log, lock.check)
         progress("lock taken; recovering what an earlier run left, if anything")
         recover(state_dir, root, lambda v: registry.get(v) is not None, progress)
         production = registry.production()
@@ -318,6 +318,7 @@ def run_retrain(
                 verdict.notes.append("--force: registered as a candidate although the gate failed")
             write_verdict(manifest.parent, verdict)
             log(table(verdict))
+            lock.check()  # a run that lost its lock registers nothing
             registering = True
             registry.register(version, verdict.as_dict())
         except BaseException:
@@ -328,6 +329,7 @@ def run_retrain(
             # while registering, the outcome is unknown: the next run's recovery asks the
             # registry and rolls forward or removes the version
             raise
+        lock.check()
         state_dir.commit(journal)
         progress(
             f"registered version {version} as "

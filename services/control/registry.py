@@ -31,9 +31,12 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import secrets
+import signal
 import socket
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections import deque
@@ -51,6 +54,8 @@ if TYPE_CHECKING:
     import redis
 
     from services.settings import Settings
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 AUDIT_MAX_LEN = 100_000  # Redis audit stream bound (XADD MAXLEN ~)
@@ -80,8 +85,17 @@ class RegistryError(CascadeError):
     """A refused transition, an unknown version, an unreadable registry."""
 
 
+class RegistryUnavailable(RegistryError):
+    """The registry's store cannot be reached (connection refused, timed out): a pause,
+    not a verdict; the same call may succeed once it is back."""
+
+
 class LockHeld(RegistryError):
     """Another holder has the lock (the message says who and until when)."""
+
+
+class LockLost(LockHeld):
+    """This holder's lock expired and another holder took it: it must stop acting."""
 
 
 @dataclass
@@ -191,15 +205,90 @@ def _check_verdict(version: int, verdict: Any) -> dict[str, Any]:
 
 
 class Lock:
-    """A held lock; ``refresh()`` extends it by its ttl (call it as a heartbeat)."""
+    """A held lock, kept alive by a heartbeat thread that refreshes it every ``ttl_s / 3``
+    while the holder works (a long training phase needs no refresh calls); a holder that
+    dies frees it within ``ttl_s``. When a refresh finds that another holder took the lock
+    (it expired, e.g. the holder was frozen longer than ``ttl_s``), the lock is *lost*:
+    ``check()`` raises ``LockLost`` and the holder must stop acting. A refresh that cannot
+    reach the store (an outage) is retried: nobody else can take the lock there meanwhile."""
 
     def __init__(self, registry: Registry, name: str, token: str, ttl_s: float, until: float):
         self.registry, self.name, self.token, self.ttl_s = registry, name, token, ttl_s
         self.holder, self.until = HOLDER, until
+        self.lost: LockLost | None = None
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._refreshing = threading.Lock()
+
+    def check(self) -> None:
+        """Raise ``LockLost`` when the heartbeat found the lock taken by another holder
+        (no I/O: call it before every action that needs the lock)."""
+        if self.lost is not None:
+            raise self.lost
 
     def refresh(self) -> None:
-        """Raises ``LockHeld`` when the lock expired and another holder has taken it."""
-        self.until = self.registry._refresh_lock(self.name, self.token, self.ttl_s)
+        """Extend the lock by its ttl now. Raises ``LockLost`` (a ``LockHeld``) when another
+        holder has taken it, ``RegistryError`` when the store cannot be reached."""
+        self.check()
+        with self._refreshing:
+            try:
+                self.until = self.registry._refresh_lock(self.name, self.token, self.ttl_s)
+            except LockLost:
+                raise
+            except LockHeld as error:
+                self.lost = LockLost(f"{error}: this holder lost it and stops")
+                raise self.lost from None
+
+    def start_heartbeat(self) -> None:
+        self._thread = threading.Thread(
+            target=self._beat, name=f"lock-{self.name}-heartbeat", daemon=True
+        )
+        self._thread.start()
+
+    def stop_heartbeat(self) -> None:
+        self._stopped.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=max(5.0, self.ttl_s))
+        self._thread = None
+
+    def _beat(self) -> None:
+        failing = False
+        while not self._stopped.wait(self.ttl_s / 3):
+            try:
+                self.refresh()
+            except LockLost as error:
+                log.error("%s", error)
+                return
+            except Exception as error:  # unreachable store: retried at the next beat
+                if not failing:  # the holder logs the outage itself
+                    log.info("lock %r: cannot refresh (%s); retrying", self.name, error)
+                failing = True
+            else:
+                if failing:
+                    log.info("lock %r refreshed again", self.name)
+                failing = False
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+@contextlib.contextmanager
+def _sigterm_as_exit() -> Iterator[None]:
+    """While a lock is held by the main thread of a process that keeps SIGTERM's default
+    (die at once), make SIGTERM raise ``SystemExit``: the ``finally`` blocks run and the
+    lock is released instead of blocking the next holder for its ttl."""
+    install = (
+        threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    )
+    if install:
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        yield
+    finally:
+        if install:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 class Registry(ABC):
@@ -385,19 +474,30 @@ class Registry(ABC):
         return self._mutate(change)
 
     @contextlib.contextmanager
-    def lock(self, name: str, ttl_s: float) -> Iterator[Lock]:
+    def lock(self, name: str, ttl_s: float, heartbeat: bool = True) -> Iterator[Lock]:
         """Hold the named lock for the block; raises ``LockHeld`` if another holder has it.
 
-        A holder that crashes blocks nobody for longer than ``ttl_s``: refresh the lock
-        (``Lock.refresh()``) more often than that while working."""
+        A heartbeat thread refreshes it every ``ttl_s / 3`` (``heartbeat=False``: the holder
+        calls ``Lock.refresh()`` itself), so a holder that dies (kill -9) blocks the next
+        one for at most ``ttl_s``; it is released when the block exits in any way (an
+        exception, KeyboardInterrupt, SIGTERM: see ``_sigterm_as_exit``). Call
+        ``Lock.check()`` before each action that needs it: it raises ``LockLost`` once
+        another holder took it."""
         if not name.replace("-", "").replace("_", "").isalnum() or ttl_s <= 0:
             raise RegistryError(f"lock {name!r}: names are [A-Za-z0-9_-], ttl_s > 0")
         token = secrets.token_hex(8)
-        until = self._take_lock(name, token, ttl_s)
-        try:
-            yield Lock(self, name, token, ttl_s, until)
-        finally:
-            self._release_lock(name, token)
+        with _sigterm_as_exit():
+            held = Lock(self, name, token, ttl_s, self._take_lock(name, token, ttl_s))
+            if heartbeat:
+                held.start_heartbeat()
+            try:
+                yield held
+            finally:
+                held.stop_heartbeat()
+                try:
+                    self._release_lock(name, token)
+                except RegistryError as error:  # e.g. an outage: it expires on its own
+                    log.warning("lock %r not released (%s): it expires in %g s", name, error, ttl_s)
 
 
 def _held_message(name: str, holder: dict[str, Any]) -> str:
@@ -436,12 +536,16 @@ class RedisRegistry(Registry):
 
     @contextlib.contextmanager
     def _errors(self) -> Iterator[None]:
+        from redis.exceptions import ConnectionError as RedisConnectionError
         from redis.exceptions import RedisError
+        from redis.exceptions import TimeoutError as RedisTimeoutError
 
         from services.redact import redact_url
 
         try:
             yield
+        except (RedisConnectionError, RedisTimeoutError) as error:
+            raise RegistryUnavailable(f"registry at {redact_url(self.url)}: {error}") from None
         except RedisError as error:
             raise RegistryError(f"registry at {redact_url(self.url)}: {error}") from None
 

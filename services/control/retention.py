@@ -37,7 +37,7 @@ from services.control.registry import Registry
 log = logging.getLogger(__name__)
 
 LOCK = "gc"
-LOCK_TTL_S = 300.0  # refreshed after every version removed
+LOCK_TTL_S = 30.0  # renewed by the lock's heartbeat; a killed run blocks the next this long
 DELETING = ".deleting-"
 SCAN_COUNT = 5_000
 UNLINK_BATCH = 1_000
@@ -106,6 +106,7 @@ def collect_garbage(
         rows = _EmbeddingRows(redis_url, namespace) if redis_url else None
         try:
             for version in plan.remove:
+                lock.check()  # a run that lost its lock removes nothing more
                 reason = f"gc: beyond retention (keep {keep})"
                 if not registry.retire_unless_serving(version, reason):
                     log.warning("version %d started serving meanwhile: kept", version)
@@ -116,7 +117,6 @@ def collect_garbage(
                 registry.forget(version)
                 removed.append(version)
                 log.info("removed version %d", version)
-                lock.refresh()
             for leftover in _leftovers(artifacts):
                 _remove_tree(leftover)
         finally:

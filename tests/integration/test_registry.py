@@ -14,6 +14,7 @@ import pytest
 from services.control.registry import (
     FileRegistry,
     LockHeld,
+    LockLost,
     RedisRegistry,
     Registry,
     RegistryError,
@@ -255,7 +256,7 @@ def test_a_held_lock_names_its_holder_and_is_free_after_the_block(registry: Regi
 
 
 def test_a_lock_expires_after_its_ttl_unless_refreshed(registry: Registry) -> None:
-    with registry.lock("job", ttl_s=0.5) as held:
+    with registry.lock("job", ttl_s=0.5, heartbeat=False) as held:
         for _ in range(3):
             time.sleep(0.3)
             held.refresh()  # heartbeat: still ours after 0.9 s
@@ -291,4 +292,62 @@ def test_a_crashed_holder_blocks_nobody_after_its_ttl(factory: Factory, tmp_path
         pass
     time.sleep(1.6)
     with registry.lock("retrain", ttl_s=30):
+        pass
+
+
+def test_a_heartbeat_keeps_the_lock_while_its_holder_is_busy(registry: Registry) -> None:
+    with registry.lock("retrain", ttl_s=0.6) as held:
+        time.sleep(2.0)  # a long training phase: no refresh call, three ttls
+        with pytest.raises(LockHeld, match="lock 'retrain' is held"), registry.lock("retrain", 30):
+            pass
+        held.check()  # still ours
+    with registry.lock("retrain", ttl_s=30):  # released at the end of the block
+        pass
+
+
+def test_a_lock_another_holder_took_is_lost_and_left_to_it(registry: Registry) -> None:
+    with registry.lock("rollout", ttl_s=0.6) as held:
+        # as if it expired while this holder was frozen, and another one took it
+        registry._release_lock("rollout", held.token)
+        registry._take_lock("rollout", "intruder", 30)
+        time.sleep(0.6)  # the heartbeat finds out (it beats every ttl / 3)
+        with pytest.raises(LockLost, match=r"lock 'rollout' is held by .*lost it"):
+            held.check()
+    with pytest.raises(LockHeld), registry.lock("rollout", ttl_s=30):
+        pass  # the block's exit released nothing of the other's
+
+
+def test_a_holder_stopped_by_sigterm_or_interrupt_releases_the_lock(
+    factory: Factory, tmp_path: Path
+) -> None:
+    registry = factory()
+    with pytest.raises(KeyboardInterrupt), registry.lock("gc", ttl_s=30):
+        raise KeyboardInterrupt
+    with registry.lock("gc", ttl_s=30):
+        pass
+    if isinstance(registry, RedisRegistry):
+        make = f"RedisRegistry({registry.url!r}, {registry.namespace!r})"
+    else:
+        assert isinstance(registry, FileRegistry)
+        make = f"FileRegistry(Path({str(registry.path)!r}))"
+    script = textwrap.dedent(f"""
+        import time
+        from pathlib import Path
+        from services.control.registry import FileRegistry, RedisRegistry
+        registry = {make}
+        with registry.lock("gc", 30):
+            print("held", flush=True)
+            time.sleep(60)
+    """)
+    child = subprocess.Popen(
+        [sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "held\n"
+        child.terminate()  # SIGTERM, as Kubernetes stops a pod
+        assert child.wait(timeout=30) == 128 + 15
+    finally:
+        child.kill()
+        child.wait()
+    with registry.lock("gc", ttl_s=30):  # released at once, not after its 30 s
         pass
