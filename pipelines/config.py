@@ -14,9 +14,9 @@ STEPS = ("prepare", "retrieval", "ranking", "export")
 class TrainConfig(BaseModel):
     """Hyper-parameters and sizes; defaults train MovieLens-100K in about a minute on 2 cores."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    seed: int = Field(0, description="Seed for the split, sampling, initialisation.")
+    seed: int = Field(0, ge=0, description="Seed for the split, sampling, initialisation.")
     split_protocol: Literal["global", "per_user"] = Field(
         "global",
         description="global: one random 8:1:1 split of all interactions; per_user: each "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -25,3 +27,24 @@ class ArtifactError(CascadeError):
 
 class ConfigError(CascadeError):
     """An option is out of range or inconsistent with another one."""
+
+
+class UsageError(ConfigError):
+    """Command-line options that exclude or need each other: a usage error (exit code 2),
+    raised before the command does anything."""
+
+
+class WriteError(OSError):
+    """Writing ``filename`` failed (the file meant, not the temporary one written first);
+    still an OSError, so whoever handles those handles it too."""
+
+
+@contextlib.contextmanager
+def writing(path: Path | str) -> Iterator[None]:
+    """An OSError inside becomes a ``WriteError`` naming ``path``."""
+    try:
+        yield
+    except WriteError:
+        raise
+    except OSError as error:
+        raise WriteError(error.errno, error.strerror or str(error), str(path)) from error

@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipelines.errors import writing
 from pipelines.features.ops import Columns
 
 
@@ -41,17 +42,18 @@ def write_parquet(
     The file is written beside ``path`` and renamed over it, so a reader that has the old
     file memory-mapped keeps reading the old file instead of crashing on a truncated one.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
     table = pa.table({name: pa.array(values) for name, values in columns.items()})
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    pq.write_table(
-        table,
-        temporary,
-        row_group_size=row_group_size,
-        compression="none",
-        use_dictionary=False,
-    )
-    os.replace(temporary, path)
+    with writing(path):  # arrow's errors name the temporary file, or no file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(
+            table,
+            temporary,
+            row_group_size=row_group_size,
+            compression="none",
+            use_dictionary=False,
+        )
+        os.replace(temporary, path)
 
 
 def column_names(path: Path, group: str) -> list[str]:

@@ -17,12 +17,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from pipelines.config import TrainConfig
-from pipelines.errors import CascadeError
+from pipelines.errors import CascadeError, UsageError
+from services import cli_options as opt
 from services import simulator
-from services.redact import redact_text, redact_url
+from services.exit_codes import EPILOG, fail
+from services.redact import redact_url
 
 
 def _option_type(annotation: Any) -> Any:
@@ -38,7 +38,9 @@ def _add_config_options(parser: argparse.ArgumentParser) -> None:
     for name, field in TrainConfig.model_fields.items():
         kind = _option_type(field.annotation)
         extra: dict[str, Any] = {"type": kind}
-        if kind is bool:  # --flag / --no-flag
+        if kind in (int, float):  # its bounds and validators, checked as it is parsed
+            extra = {"type": opt.model_field(TrainConfig, name)}
+        elif kind is bool:  # --flag / --no-flag
             extra = {"action": argparse.BooleanOptionalAction}
         elif typing.get_origin(kind) is typing.Literal:
             extra = {"type": str, "choices": list(typing.get_args(kind))}
@@ -74,14 +76,21 @@ def _train_parser(commands: Any) -> None:
         default="movielens",
         help="MovieLens-100K (from the recbole wheel) or the synthetic generator",
     )
-    parser.add_argument("--users", type=int, default=10_000, help="synthetic: number of users")
-    parser.add_argument("--items", type=int, default=5_000, help="synthetic: number of items")
     parser.add_argument(
-        "--interactions", type=int, default=200_000, help="synthetic: number of interactions"
+        "--users", type=opt.positive_int, default=10_000, help="synthetic: number of users"
+    )
+    parser.add_argument(
+        "--items", type=opt.positive_int, default=5_000, help="synthetic: number of items"
+    )
+    parser.add_argument(
+        "--interactions",
+        type=opt.positive_int,
+        default=200_000,
+        help="synthetic: number of interactions",
     )
     parser.add_argument(
         "--base-fraction",
-        type=float,
+        type=opt.fraction,
         default=1.0,
         help="train on the oldest fraction of the interactions only (by time): the newer "
         "ones are what arrives after this version, for `cascade retrain` to learn and the "
@@ -109,6 +118,9 @@ def _run_train(args: argparse.Namespace) -> int:
         k: getattr(args, k) for k in TrainConfig.model_fields if getattr(args, k) is not None
     }
     config = TrainConfig(**overrides)
+    opt.writable_dir(args.workdir)
+    if "export" in (args.steps or STEPS):
+        opt.writable_dir(args.output)
     report = run_pipeline(
         args.workdir,
         args.output,
@@ -138,7 +150,7 @@ def _serve_parser(commands: Any) -> None:
         "nvidia-pytriton wheel is started on the export's model repository first.",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind")
-    parser.add_argument("--port", type=int, default=8080, help="port of the gateway")
+    parser.add_argument("--port", type=opt.port, default=8080, help="port of the gateway")
     parser.add_argument(
         "--artifacts",
         type=Path,
@@ -150,7 +162,7 @@ def _serve_parser(commands: Any) -> None:
     )
     parser.add_argument(
         "--triton-http-port",
-        type=int,
+        type=opt.number(int, ge=1, le=65535 - 2),
         default=8000,
         help="Triton HTTP port; gRPC and metrics take the next two (with --triton)",
     )
@@ -162,20 +174,22 @@ def _serve_parser(commands: Any) -> None:
     )
     parser.add_argument(
         "--triton-log-max-bytes",
-        type=int,
+        type=opt.number(int, ge=1024),
         default=10 << 20,
         help="size at which artifacts/tritonserver.log is rotated (with --triton)",
     )
     parser.add_argument(
         "--triton-log-backups",
-        type=int,
+        type=opt.non_negative_int,
         default=3,
         help="rotated Triton logs kept: tritonserver.log.1 .. .N (with --triton)",
     )
     parser.add_argument(
         "--materialize", action="store_true", help="load the release's users into Redis first"
     )
-    parser.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
+    parser.add_argument(
+        "--workers", type=opt.positive_int, default=1, help="uvicorn worker processes"
+    )
     parser.add_argument(
         "--open-feedback",
         action="store_true",
@@ -196,7 +210,7 @@ def _materialize_parser(commands: Any) -> None:
         "--artifacts", type=Path, default=None, help="export root (default: ./artifacts)"
     )
     parser.add_argument(
-        "--version", type=int, default=None, help="release version (default: latest)"
+        "--version", type=opt.positive_int, default=None, help="release version (default: latest)"
     )
     parser.add_argument(
         "--redis-url", default=None, help="redis://host:port/db (default: CASCADE_REDIS__URL)"
@@ -237,7 +251,7 @@ def _run_materialize(args: argparse.Namespace) -> int:
     if not url:
         raise CascadeError("no Redis to materialize into: set CASCADE_REDIS__URL or --redis-url")
     if args.candidate and args.version is not None:
-        raise CascadeError("materialize: --candidate and --version exclude each other")
+        raise UsageError("--candidate and --version exclude each other")
     if args.candidate:
         from services.control.registry import RedisRegistry
 
@@ -393,7 +407,10 @@ def _commands() -> dict[str, tuple[Callable[[Any], None], Callable[[argparse.Nam
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="cascade", description="Cascade: multi-stage recommendation."
+        prog="cascade",
+        description="Cascade: multi-stage recommendation.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     commands = parser.add_subparsers(dest="command", required=True)
     table = _commands()
@@ -407,9 +424,9 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("faiss").setLevel(logging.WARNING)  # its loader's INFO lines are noise
     try:
         return table[args.command][1](args)
-    except (CascadeError, ValidationError) as error:
-        print(f"cascade: error: {redact_text(str(error))}", file=sys.stderr)
-        return 2
+    except Exception as error:  # one line and an exit code (services/exit_codes.py)
+        usage = isinstance(error, UsageError)
+        return fail(error, f"cascade {args.command}" if usage else "cascade")
 
 
 if __name__ == "__main__":

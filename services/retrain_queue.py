@@ -244,7 +244,7 @@ class FileRetrainQueue(RetrainQueue):
     @contextlib.contextmanager
     def _file_errors(self) -> Iterator[None]:
         """A file that cannot be read, written or parsed: the queue is unavailable (503 at
-        the webhook, so Alertmanager retries; exit 2 for the worker), naming the file."""
+        the webhook, so Alertmanager retries; exit 3 for the worker), naming the file."""
         try:
             yield
         except (OSError, ValueError) as error:

@@ -38,7 +38,8 @@ from typing import Any
 import numpy as np
 
 from pipelines.data.schema import RawDataset
-from pipelines.errors import CascadeError
+from pipelines.errors import CascadeError, UsageError
+from services import cli_options as opt
 
 # MovieLens, an item the user never rated: this share of the relevance its predicted rating
 # gives (a random such item gets about 0.026, production's top 10 about 0.056)
@@ -322,26 +323,44 @@ def add_parser(commands: Any) -> None:
     )
     plan = SimulationPlan()
     parser.add_argument("--url", default=plan.url, help="the gateway")
-    parser.add_argument("--rate", type=float, default=plan.rate, help="requests per second")
-    parser.add_argument("--duration", type=float, default=plan.duration_s, help="seconds")
     parser.add_argument(
-        "--max-requests", type=int, default=plan.max_requests, help="stop after this many"
+        "--rate", type=opt.positive_float, default=plan.rate, help="requests per second"
     )
-    parser.add_argument("--k", type=int, default=plan.k, help="items per answer")
     parser.add_argument(
-        "--concurrency", type=int, default=plan.concurrency, help="requests in flight at most"
+        "--duration", type=opt.positive_float, default=plan.duration_s, help="seconds"
     )
-    parser.add_argument("--seed", type=int, default=plan.seed, help="users and clicks drawn")
+    parser.add_argument(
+        "--max-requests",
+        type=opt.positive_int,
+        default=plan.max_requests,
+        help="stop after this many",
+    )
+    parser.add_argument(
+        "--k", type=opt.number(int, ge=1, le=500), default=plan.k, help="items per answer"
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=opt.positive_int,
+        default=plan.concurrency,
+        help="requests in flight at most",
+    )
+    parser.add_argument(
+        "--seed", type=opt.non_negative_int, default=plan.seed, help="users and clicks drawn"
+    )
     parser.add_argument(
         "--dataset",
         choices=["movielens", "synthetic"],
         default="movielens",
         help="the ground truth: the data set the served models were trained on",
     )
-    parser.add_argument("--users", type=int, default=10_000, help="synthetic: users")
-    parser.add_argument("--items", type=int, default=5_000, help="synthetic: items")
-    parser.add_argument("--interactions", type=int, default=200_000, help="synthetic: interactions")
-    parser.add_argument("--data-seed", type=int, default=0, help="synthetic: generator seed")
+    parser.add_argument("--users", type=opt.positive_int, default=10_000, help="synthetic: users")
+    parser.add_argument("--items", type=opt.positive_int, default=5_000, help="synthetic: items")
+    parser.add_argument(
+        "--interactions", type=opt.positive_int, default=200_000, help="synthetic: interactions"
+    )
+    parser.add_argument(
+        "--data-seed", type=opt.non_negative_int, default=0, help="synthetic: generator seed"
+    )
     parser.add_argument(
         "--population",
         choices=POPULATIONS,
@@ -350,7 +369,7 @@ def add_parser(commands: Any) -> None:
     )
     parser.add_argument(
         "--shift-at",
-        type=float,
+        type=opt.non_negative_float,
         default=None,
         metavar="SECONDS",
         help="switch to the --shift-to population this many seconds into the run",
@@ -385,19 +404,12 @@ def feedback_key(path: Path) -> str | None:
     return lines[0] if lines else None
 
 
-def _positive(name: str, value: float) -> None:
-    if value <= 0:
-        raise CascadeError(f"--{name} must be > 0, got {value}")
-
-
 def run(args: argparse.Namespace) -> int:
-    for name in ("rate", "duration", "max_requests", "k", "concurrency"):
-        _positive(name.replace("_", "-"), getattr(args, name))
     if (args.shift_at is None) != (args.shift_to is None):
-        raise CascadeError("--shift-at and --shift-to go together (when, and to whom)")
-    if args.shift_at is not None and not 0 <= args.shift_at < args.duration:
-        raise CascadeError(
-            f"--shift-at must be >= 0 and below --duration ({args.duration:g}), got {args.shift_at}"
+        raise UsageError("--shift-at and --shift-to go together (when, and to whom)")
+    if args.shift_at is not None and not args.shift_at < args.duration:
+        raise UsageError(
+            f"--shift-at must be below --duration ({args.duration:g}), got {args.shift_at:g}"
         )
     if args.dataset == "movielens":
         from pipelines.data.movielens import load_movielens_100k

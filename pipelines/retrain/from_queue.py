@@ -1,9 +1,9 @@
 """``cascade retrain --from-queue``: one queued retrain request, run by the usual job.
 
 The request (enqueued by the alert webhook) is claimed under a lease that a thread renews
-while the job runs. Exit 0 or 1 (a verdict was registered): the request is removed. Exit 2
-(an error, e.g. another retrain holds the lock): it stays queued and the next run takes it
-again once its lease has expired, so a failed or killed run never loses a request.
+while the job runs. Exit 0 or 1 (a verdict was registered): the request is removed. Any other
+exit (3: an error, e.g. another retrain holds the lock): it stays queued and the next run
+takes it again once its lease has expired, so a failed or killed run never loses a request.
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-EXIT_ERROR = 2
-
 
 def run_from_queue(
     args: argparse.Namespace, run_once: Callable[[argparse.Namespace, dict[str, Any]], int]
@@ -26,7 +24,7 @@ def run_from_queue(
     from pydantic import ValidationError
 
     from services.errors import DependencyUnavailable
-    from services.redact import redact_text
+    from services.exit_codes import EXIT_OK, EXIT_REJECTED, fail
     from services.retrain_queue import leased, make_retrain_queue
     from services.settings import Settings
 
@@ -36,17 +34,16 @@ def run_from_queue(
         lease_s = settings.retrain_trigger.lease_s
         queue = make_retrain_queue(settings)
     except ValidationError as error:
-        print(f"cascade retrain: error: {redact_text(str(error))}", file=sys.stderr)
-        return EXIT_ERROR
+        return fail(error, "cascade retrain")
     try:
         request = queue.claim(consumer, lease_s)
         if request is None:
             print(json.dumps({"queued": 0, "ran": None}), flush=True)
-            return 0
+            return EXIT_OK
         print(f"retrain request {request.id} (enqueued at {request.enqueued_at:.0f})", flush=True)
         with leased(queue, request, consumer, lease_s):
             code = run_once(args, {**request.trigger, "request_id": request.id})
-        if code == EXIT_ERROR:
+        if code not in (EXIT_OK, EXIT_REJECTED):  # no verdict: the request is kept
             print(
                 f"cascade retrain: request {request.id} stays queued; it is taken again after "
                 f"its lease ({lease_s:g} s)",
@@ -56,7 +53,6 @@ def run_from_queue(
         queue.complete(request)
         return code
     except DependencyUnavailable as error:
-        print(f"cascade retrain: error: {redact_text(str(error))}", file=sys.stderr)
-        return EXIT_ERROR
+        return fail(error, "cascade retrain")
     finally:
         queue.close()

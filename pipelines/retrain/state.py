@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipelines.errors import writing
 from pipelines.export.repository import MANIFEST
 
 STATE = "state.json"
@@ -32,14 +33,15 @@ STREAM_NAMES = ("feedback", "impressions")
 
 
 def write_json(path: Path, value: Any) -> None:
-    """Write JSON atomically (temporary file, fsync, rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write JSON atomically (temporary file, fsync, rename); fails naming ``path``."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with temporary.open("w") as out:
-        json.dump(value, out, indent=2, sort_keys=True)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(temporary, path)
+    with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with temporary.open("w") as out:
+            json.dump(value, out, indent=2, sort_keys=True)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, path)
 
 
 @dataclass

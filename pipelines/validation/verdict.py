@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipelines.errors import writing
+
 VALIDATION_FILE = "validation.json"
 
 
@@ -100,11 +102,12 @@ def write_verdict(release_dir: Path, verdict: Verdict) -> Path:
     """Write ``validation.json`` atomically (temporary file, fsync, rename)."""
     path = release_dir / VALIDATION_FILE
     temporary = release_dir / f".{VALIDATION_FILE}.{os.getpid()}.tmp"
-    with temporary.open("w") as out:
-        json.dump(verdict.as_dict(), out, indent=2, sort_keys=True)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(temporary, path)
+    with writing(path):
+        with temporary.open("w") as out:
+            json.dump(verdict.as_dict(), out, indent=2, sort_keys=True)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, path)
     return path
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.export.verify import MANIFEST
+from services.cli_options import non_negative_int
 from services.control.registry import Registry, VersionRecord, make_registry
 from services.control.retention import collect_garbage, disk_versions, plan_garbage
 
@@ -146,7 +147,10 @@ def gc_parser(commands: Any) -> None:
     )
     _artifacts_option(parser)
     parser.add_argument(
-        "--keep", type=int, default=3, help="newest non-serving versions kept (default: 3)"
+        "--keep",
+        type=non_negative_int,
+        default=3,
+        help="newest non-serving versions kept (default: 3)",
     )
     parser.add_argument(
         "--dry-run", action="store_true", help="print what would be removed; remove nothing"

@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 
 from pipelines.errors import CascadeError
+from services.cli_options import non_negative_float, positive_float, writable_dir
 from services.monitoring.panels import DASHBOARDS, Dashboard, Panel, Query
 
 UNIT_SCALE = {"percentunit": (100.0, "%"), "s": (1000.0, "ms"), "reqps": (1.0, "req/s")}
@@ -152,7 +153,7 @@ def render_dashboard(
         f"{dashboard.title} (until {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(end))})"
     )
     figure.tight_layout()
-    out.mkdir(parents=True, exist_ok=True)
+    writable_dir(out)
     path = out / f"{dashboard.uid}.png"
     figure.savefig(path, dpi=90)
     plt.close(figure)
@@ -172,10 +173,16 @@ def add_parser(commands: Any) -> None:
         help="Prometheus base URL (default: http://127.0.0.1:9090)",
     )
     parser.add_argument(
-        "--minutes", type=float, default=60.0, help="the window, ending now (default: 60)"
+        "--minutes",
+        type=positive_float,
+        default=60.0,
+        help="the window, ending now (default: 60)",
     )
     parser.add_argument(
-        "--step", type=float, default=0.0, help="seconds between points (default: window / 240)"
+        "--step",
+        type=non_negative_float,
+        default=0.0,
+        help="seconds between points (default: 0: window / 240)",
     )
     parser.add_argument(
         "--out",
@@ -192,10 +199,6 @@ def add_parser(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.minutes <= 0:
-        raise CascadeError(f"--minutes must be positive, got {args.minutes}")
-    if args.step < 0:
-        raise CascadeError(f"--step must be >= 0, got {args.step}")
     end = time.time()
     start = end - args.minutes * 60
     step = args.step or max(1.0, args.minutes * 60 / 240)

@@ -174,7 +174,7 @@ def test_corrupt_entries_are_skipped_and_the_cursor_committed(setup: dict) -> No
 def test_a_held_lock_refuses_a_second_run(setup: dict, capsys: pytest.CaptureFixture[str]) -> None:
     registry = RedisRegistry(URL, NAMESPACE)
     with registry.lock("retrain", 30):
-        assert main(_args(setup["root"])) == 2
+        assert main(_args(setup["root"])) == 3
     assert "lock 'retrain' is held" in capsys.readouterr().err
 
 
@@ -183,7 +183,7 @@ def test_redis_down_fails_cleanly(
 ) -> None:
     (tmp_path / "gate.yaml").write_text(GATE)
     monkeypatch.setenv("CASCADE_REDIS__URL", "redis://127.0.0.1:1/0")
-    assert main(_args(tmp_path / "artifacts")) == 2
+    assert main(_args(tmp_path / "artifacts")) == 3
     assert "error" in capsys.readouterr().err
     assert not (tmp_path / "artifacts" / "releases").exists() or not any(
         (tmp_path / "artifacts" / "releases").iterdir()

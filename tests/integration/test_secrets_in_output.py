@@ -38,7 +38,7 @@ def test_a_failing_materialize_names_the_redis_without_its_password(
     url = f"redis://:{PASSWORD}@127.0.0.1:{free_port()}/0"  # nothing listens there
     code = main(["materialize", "--artifacts", str(exported), "--redis-url", url])
     out, err = capsys.readouterr()
-    assert code == 2
+    assert code == 3
     assert err.startswith("cascade: error: materialize into redis://:***@127.0.0.1")
     assert "Traceback" not in err and PASSWORD not in out + err
 
@@ -50,4 +50,4 @@ def test_settings_errors_never_echo_the_password(
     monkeypatch.setenv("CASCADE_REDIS__TIMEOUT_MS", "fast")
     code = main(["materialize"])
     _, err = capsys.readouterr()
-    assert code == 2 and "timeout_ms" in err and PASSWORD not in err
+    assert code == 3 and "timeout_ms" in err and PASSWORD not in err

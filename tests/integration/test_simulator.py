@@ -116,8 +116,10 @@ def test_cli_prints_a_table_and_json(
 def test_cli_refuses_a_bad_option_and_an_absent_gateway(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert main(["simulate", "--rate", "0"]) == 2
-    assert "--rate must be > 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stopped:  # a usage error: argparse says so
+        main(["simulate", "--rate", "0"])
+    assert stopped.value.code == 2
+    assert "argument --rate: must be a finite number > 0, got '0'" in capsys.readouterr().err
     dead = f"http://127.0.0.1:{free_port()}"
-    assert main(["simulate", "--url", dead, "--rate", "5", "--duration", "0.5"]) == 2
+    assert main(["simulate", "--url", dead, "--rate", "5", "--duration", "0.5"]) == 3
     assert "is `cascade serve` running?" in capsys.readouterr().err

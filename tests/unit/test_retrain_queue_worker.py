@@ -65,7 +65,7 @@ def test_an_error_keeps_the_request_for_a_later_run(
     queue: FileRetrainQueue, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     queue.offer("g|0", {"n": 1}, 0, 60)
-    assert run_from_queue(_args(tmp_path), Job(2)) == 2
+    assert run_from_queue(_args(tmp_path), Job(3)) == 3
     assert [r.trigger for r in queue.requests()] == [{"n": 1}]
     assert "stays queued" in capsys.readouterr().err
 
@@ -82,20 +82,20 @@ def test_nothing_queued_runs_nothing(
     }
 
 
-def test_an_unreachable_queue_is_exit_2_naming_it(
+def test_an_unreachable_queue_is_exit_3_naming_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("CASCADE_REDIS__URL", f"redis://:hunter2@127.0.0.1:{free_port()}/0")
     job = Job(0)
-    assert run_from_queue(_args(tmp_path), job) == 2
+    assert run_from_queue(_args(tmp_path), job) == 3
     err = capsys.readouterr().err
     assert "retrain queue" in err and "hunter2" not in err
     assert job.triggers == []
 
 
-def test_bad_settings_are_exit_2_naming_the_setting(
+def test_bad_settings_are_exit_3_naming_the_setting(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("CASCADE_RETRAIN_TRIGGER__LEASE_S", "-1")
-    assert run_from_queue(_args(tmp_path), Job(0)) == 2
+    assert run_from_queue(_args(tmp_path), Job(0)) == 3
     assert "lease_s" in capsys.readouterr().err

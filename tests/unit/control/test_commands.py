@@ -99,8 +99,10 @@ def test_gc_keeps_the_pinned_version(
 
 
 def test_gc_errors_are_one_line(artifacts: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["gc", "--artifacts", str(artifacts), "--keep", "-1"]) == 2
-    assert capsys.readouterr().err == "cascade: error: keep must be >= 0, got -1\n"
+    with pytest.raises(SystemExit) as stopped:  # a usage error: argparse says so
+        main(["gc", "--artifacts", str(artifacts), "--keep", "-1"])
+    assert stopped.value.code == 2
+    assert "argument --keep: must be an integer >= 0, got '-1'" in capsys.readouterr().err
     with FileRegistry(artifacts / "registry.json").lock("gc", ttl_s=30):
-        assert main(["gc", "--artifacts", str(artifacts)]) == 2
+        assert main(["gc", "--artifacts", str(artifacts)]) == 3
     assert "cascade: error: lock 'gc' is held by" in capsys.readouterr().err

@@ -48,16 +48,13 @@ def test_rollout_lifecycle_from_the_command_line(
     registry = FileRegistry(artifacts / "registry.json")
     assert registry.get(2).state == VersionState.RETIRED  # type: ignore[union-attr]
     code, _, err = _run(capsys, "rollout", "2", "--artifacts", root, "--once")
-    assert code == 2 and "version 2 is retired" in err
+    assert code == 3 and "version 2 is retired" in err
 
 
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
         (["rollout", "abc"], "expected a version number, `candidate` or `status`"),
-        (["rollout", "2", "--steps", "0.1,x"], "--steps must be numbers"),
-        (["rollout", "2", "--steps", "0.5,0.2"], "step weights must increase"),
-        (["rollout", "2", "--margin", "2"], "non_inferiority_margin must lie in"),
         (["promote"], "nothing to promote"),
         (["rollout", "7", "--once"], "version 7 has no complete export"),
     ],
@@ -66,7 +63,25 @@ def test_bad_input_is_one_line_naming_the_problem(
     artifacts: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
 ) -> None:
     code, _, err = _run(capsys, *argv, "--artifacts", str(artifacts))
-    assert code == 2 and message in err and "Traceback" not in err
+    assert code == 3 and message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--steps", "0.1,x"], "argument --steps: must be canary weights in (0, 1)"),
+        (["--steps", "0.5,0.2"], "none below the one before, got '0.5,0.2'"),
+        (["--margin", "2"], "argument --margin: must be a finite number in [0, 1), got '2'"),
+        (["--interval-s", "inf"], "argument --interval-s: must be a finite number > 0, got 'inf'"),
+    ],
+)
+def test_bad_option_values_are_usage_errors_naming_the_option(
+    artifacts: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        main(["rollout", "2", "--artifacts", str(artifacts), *argv])
+    assert stopped.value.code == 2 and message in capsys.readouterr().err
+    assert not (artifacts / "rollout").exists()  # refused before anything was written
 
 
 def test_a_scheduled_worker_with_no_candidate_exits_cleanly_only_with_if_any(
@@ -76,7 +91,7 @@ def test_a_scheduled_worker_with_no_candidate_exits_cleanly_only_with_if_any(
     registry = FileRegistry(artifacts / "registry.json")
     registry.transition(2, VersionState.RETIRED, "test: no candidate left")
     code, _, err = _run(capsys, "rollout", "candidate", "--artifacts", root, "--once")
-    assert code == 2 and "no candidate to roll out" in err
+    assert code == 3 and "no candidate to roll out" in err
     code, out, _ = _run(capsys, "rollout", "candidate", "--if-any", "--artifacts", root)
     assert code == 0 and "no candidate to roll out (nothing to do)" in out
     assert FileDesiredState(artifacts / "rollout" / "desired.json").read() is None
@@ -93,9 +108,9 @@ def test_a_metrics_port_that_cannot_listen_is_refused_naming_the_options(
         port = str(taken.getsockname()[1])
         argv = ["rollout", "2", "--artifacts", str(artifacts), "--once", "--metrics-port", port]
         code, _, err = _run(capsys, *argv)
-        assert code == 2 and "--metrics-address/--metrics-port: cannot listen on" in err
+        assert code == 3 and "--metrics-address/--metrics-port: cannot listen on" in err
         assert f"127.0.0.1:{port}" in err and "Traceback" not in err
     code, _, err = _run(capsys, *argv[:-1], "0", "--metrics-address", "no-such-host.invalid")
     assert code == 0  # port 0: no metrics server, the address is not used
     code, _, err = _run(capsys, *argv, "--metrics-address", "no-such-host.invalid")
-    assert code == 2 and "cannot listen on no-such-host.invalid" in err
+    assert code == 3 and "cannot listen on no-such-host.invalid" in err

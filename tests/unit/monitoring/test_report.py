@@ -78,11 +78,17 @@ def test_the_command_writes_one_png_per_dashboard(tmp_path: Path, monkeypatch, c
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["report", "--minutes", "0"], "--minutes must be positive"),
-        (["report", "--step", "-1"], "--step must be >= 0"),
-        (["report", "--prometheus", "http://127.0.0.1:1"], "did not answer"),
+        (["report", "--minutes", "0"], "argument --minutes: must be a finite number > 0"),
+        (["report", "--step", "-1"], "argument --step: must be a finite number >= 0"),
     ],
 )
-def test_bad_options_and_an_absent_prometheus_are_named(argv, message, capsys) -> None:
-    assert main(argv) == 2
+def test_bad_options_are_usage_errors_naming_them(argv, message, capsys) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    assert stopped.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_an_absent_prometheus_is_a_failure_naming_it(capsys) -> None:
+    assert main(["report", "--prometheus", "http://127.0.0.1:1"]) == 3
+    assert "did not answer" in capsys.readouterr().err

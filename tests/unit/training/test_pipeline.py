@@ -115,15 +115,17 @@ def test_a_step_without_its_inputs_says_which_step_to_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert (
-        main(["train", "export", "--workdir", str(tmp_path), "--output", str(tmp_path / "o")]) == 2
+        main(["train", "export", "--workdir", str(tmp_path), "--output", str(tmp_path / "o")]) == 3
     )
     assert "run `cascade train prepare` first" in capsys.readouterr().err
     assert not (tmp_path / "o" / "releases" / "1").exists()
 
 
 def test_bad_option_values_are_named(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["train", "--dlrm-dim", "6"]) == 2
-    assert "dlrm_dim" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stopped:  # a usage error, before anything runs
+        main(["train", "--dlrm-dim", "6"])
+    assert stopped.value.code == 2
+    assert "argument --dlrm-dim: dlrm_dim must be a multiple of 4" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["train", "teleport"])
 
@@ -166,7 +168,7 @@ def test_a_two_tower_below_popularity_blocks_the_export_unless_overridden(
 ) -> None:
     work, out = tmp_path / "work", tmp_path / "out"
     paths = ["--workdir", str(work), "--output", str(out)]
-    assert main(["train", *paths, *FAST, *HOPELESS]) == 2
+    assert main(["train", *paths, *FAST, *HOPELESS]) == 3
     error = capsys.readouterr().err
     assert "two_tower does NOT beat popularity on valid ndcg@10" in error
     assert "--allow-below-popularity" in error
