@@ -3,6 +3,8 @@ traffic against the production version served beside it, and leaves on its own w
 
 One look (``RolloutController.look``), every ``interval_s``:
 
+0. honour the operator's request (``cascade rollback`` / ``promote`` while this controller
+   holds the lock): roll back or promote now, reason ``operator``;
 1. read the impression and feedback streams from where the last look stopped and add them
    to the two arms (production = control, candidate = canary): answers, items shown,
    clicks, hits, errors and degraded answers from the logged reasons, a latency histogram;
@@ -21,8 +23,11 @@ One look (``RolloutController.look``), every ``interval_s``:
 Every look's decision (values, thresholds, p-values, sample sizes) is stored in the rollout
 record and appended to the audit trail; the record holds the stream cursors and counts, so a
 killed controller resumes where it was. The registry's ``rollout`` lock keeps two
-controllers from driving at once. When Redis (streams, desired state) cannot be read the
-look is skipped: the controller pauses and never promotes blind.
+controllers from driving at once. When Redis (registry, desired state, rollout record,
+streams) cannot be reached the look is skipped: the controller pauses, retries with backoff
+and resumes the same rollout; it never acts blind, and the outage's time does not count
+toward the step's deadlines (``min_step_s``, ``step_deadline_s``, ``apply_deadline_s``): an
+outage measures nothing, so it neither rolls back for ``no_traffic`` nor advances a step.
 """
 
 from __future__ import annotations
@@ -32,18 +37,23 @@ import dataclasses
 import logging
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from prometheus_client import Counter, Gauge
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from pipelines.errors import CascadeError
+from services.attribution import SERVED
 from services.control.analysis import AnalysisConfig, Decision, SequentialState, analyse
 from services.control.desired_state import DesiredState, DesiredStateStore
-from services.control.registry import Registry, VersionState, adopt_served
-from services.control.rollout_state import RolloutLog, RolloutRecord
+from services.control.registry import Registry, RegistryUnavailable, VersionState, adopt_served
+from services.control.rollout_state import OperatorRequest, RolloutLog, RolloutRecord
+from services.errors import DependencyUnavailable
 from services.stores.base import OnlineStore
 
 log = logging.getLogger(__name__)
@@ -84,6 +94,16 @@ PUBLISHED_VALUES = (
     "impressions_canary",
 )
 STATUSES = ("running", "promoted", "rolled_back", "paused")
+# what an outage of the control plane's stores raises: the look pauses, nothing is decided
+UNREACHABLE = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    RegistryUnavailable,
+    DependencyUnavailable,
+    OSError,
+)
+FIRST_RETRY_S = 1.0  # while paused, retries wait 1, 2, 4 ... s, up to interval_s
+REQUEST_POLL_S = 1.0  # between looks, how often an operator's request is looked for
 
 
 class RolloutRefused(CascadeError):
@@ -138,6 +158,11 @@ class RolloutController:
         self.plan = plan
         self.clock = clock
         self.paused = False
+        # since when the stores are away: the last complete look before the failed ones
+        self.paused_since: float | None = None
+        self.looked_at: float | None = None  # clock time of the last complete look
+        self.outage_s = 0.0  # outage time not yet taken off the step's clocks
+        self.last: RolloutRecord | None = None  # the last record read (shown while paused)
 
     # -- starting -------------------------------------------------------------------------
 
@@ -186,6 +211,7 @@ class RolloutController:
             step_started_at=now,
             cursors={"impressions": start_cursor, "feedback": start_cursor},
         )
+        self.log.clear_request()  # one left for an earlier rollout is void
         self.log.save(record_)
         self._audit(record_, "started", {"forced": record_.forced})
         self._set_desired(
@@ -197,26 +223,39 @@ class RolloutController:
     # -- one look -------------------------------------------------------------------------
 
     async def look(self) -> RolloutRecord | None:
-        """One analysis interval; returns the record (None when no rollout is running)."""
-        record = self.log.load()
-        if record is None or record.status != "running":
-            return record
+        """One analysis interval; returns the record (None when no rollout ever ran). While
+        the stores cannot be reached: the last record read, unchanged (``paused`` is set)."""
         try:
-            behind = self._replicas_behind()
-            if not behind:
-                self._routing_applied(record)
-            await self._read_streams(record)
-        except Exception as error:  # Redis away: pause, never act on stale data
-            self.paused = True
-            self._publish(record)
-            log.warning("rollout %s paused: the streams cannot be read (%r)", record.id, error)
-            return record
-        self.paused = False
+            record = self.log.load()
+            self._resumed(record)
+            if record is None or record.status != "running":
+                return record
+            self.last = record
+            # the outage's time counts toward no step time (kept until a look completes)
+            record.step_started_at += self.outage_s
+            if record.step_applied_at is not None:
+                record.step_applied_at += self.outage_s
+            await self._look(record)
+        except UNREACHABLE as error:
+            self._paused(error)
+            return self.last
+        self.outage_s, self.looked_at = 0.0, self.clock()
+        return record
+
+    async def _look(self, record: RolloutRecord) -> None:
+        request = self.log.request()
+        if request is not None and request.rollout == record.id:
+            self._honour(record, request)
+            return
+        behind = self._replicas_behind()
+        if not behind:
+            self._routing_applied(record)
+        await self._read_streams(record)
         problem = self._deployment_problem(record)
         if problem is not None:
             reason, detail = problem
             self._finish(record, rolled_back=True, reason=reason, detail=detail)
-            return record
+            return
         if behind:
             # replicas still loading the step's versions route everyone to production: no
             # verdict (a sample-ratio "mismatch" now would only measure the loading)
@@ -228,10 +267,10 @@ class RolloutController:
                     reason="not_applied",
                     detail=f"{behind} did not apply step {record.step} in {waited:.0f} s",
                 )
-                return record
+                return
             self.log.save(record)
             log.info("rollout %s: waiting for %s to apply the desired state", record.id, behind)
-            return record
+            return
         control_n, canary_n, weight, srm_variance = record.split_test_counts()
         decision, state = analyse(
             record.arm("control").stats(),
@@ -250,7 +289,36 @@ class RolloutController:
         self._act(record, decision)
         self.log.save(record)
         self._publish(record, decision)
-        return record
+
+    def _paused(self, error: BaseException) -> None:
+        """A look failed on an unreachable store: say so once, decide nothing."""
+        self.paused = True
+        if self.paused_since is None:
+            self.paused_since = self.clock() if self.looked_at is None else self.looked_at
+            which = f"rollout {self.last.id}" if self.last else "the rollout"
+            log.warning("redis unreachable, pausing %s: %r", which, error)
+        if self.last is not None:
+            self._publish(self.last)
+
+    def _resumed(self, record: RolloutRecord | None) -> None:
+        """The stores answer again: say so once; the outage's length shifts the step's
+        clocks at the next complete look."""
+        if self.paused_since is not None:
+            outage = max(0.0, self.clock() - self.paused_since)
+            self.outage_s += outage
+            which = f"rollout {record.id}" if record else "the rollout"
+            log.warning("redis reachable again after %.0f s, resumed %s", outage, which)
+        self.paused, self.paused_since = False, None
+
+    def _honour(self, record: RolloutRecord, request: OperatorRequest) -> None:
+        """End the rollout as the operator asked (their words go to the audit trail)."""
+        self._finish(
+            record,
+            rolled_back=request.action == "rollback",
+            reason="operator",
+            detail=request.reason,
+        )
+        self.log.clear_request()
 
     def _act(self, record: RolloutRecord, decision: Decision) -> None:
         in_step = self.clock() - (record.step_applied_at or record.step_started_at)
@@ -297,7 +365,9 @@ class RolloutController:
             for stream_id, fields in entries:
                 record.cursors["feedback"] = stream_id
                 arm = arms.get(_int(fields.get("model_version")))
-                if arm is None or fields.get("type") != "click":
+                # only clicks the gateway vouched for (services.attribution): an unvouched
+                # click never moves a canary's CTR, whatever version it claims
+                if arm is None or fields.get("type") != "click" or fields.get("trust") != SERVED:
                     continue
                 arm.add_click(fields.get("user_id", ""), hit=fields.get("hit") == "1")
             if len(entries) < READ_BATCH:
@@ -360,7 +430,7 @@ class RolloutController:
             self._set_desired(record.version, None, 0.0, record.step, f"promoted: {reason}")
             self.registry.transition(record.version, VersionState.PRODUCTION, f"promoted: {reason}")
             record.status = "promoted"
-        record.reason = reason
+        record.reason, record.detail = reason, detail
         self.log.save(record)
         self._audit(record, record.status, {"reason": reason, "detail": detail})
         self._publish(record)
@@ -374,11 +444,13 @@ class RolloutController:
         )
 
     def rollback(self, reason: str = "manual") -> RolloutRecord | None:
-        """Roll the running rollout back now; with none running, restore the previous
-        production (undo the last promotion). Returns the rollout record it acted on."""
+        """Roll the running rollout back now (reason ``operator``, ``reason`` as its detail);
+        with none running, restore the previous production (undo the last promotion). The
+        caller holds the ``rollout`` lock. Returns the rollout record it acted on."""
+        self.log.clear_request()  # acted on here: no controller must act on it again
         record = self.log.load()
         if record is not None and record.status == "running":
-            self._finish(record, rolled_back=True, reason=reason)
+            self._finish(record, rolled_back=True, reason="operator", detail=reason)
             return record
         previous = self.registry.previous_production()
         if previous is None:
@@ -388,10 +460,13 @@ class RolloutController:
         return record
 
     def promote(self, reason: str = "manual") -> RolloutRecord:
+        """Promote the running rollout's canary now (reason ``operator``); the caller holds
+        the ``rollout`` lock."""
+        self.log.clear_request()
         record = self.log.load()
         if record is None or record.status != "running":
             raise RolloutRefused("no rollout is running: nothing to promote")
-        self._finish(record, rolled_back=False, reason=reason)
+        self._finish(record, rolled_back=False, reason="operator", detail=reason)
         return record
 
     # -- plumbing -------------------------------------------------------------------------
@@ -460,21 +535,46 @@ class RolloutController:
         ROLLOUT_THRESHOLDS.labels("srm_alpha").set(config.srm_alpha)
         ROLLOUT_THRESHOLDS.labels("max_p99_ratio").set(config.max_p99_ratio)
 
-    async def run(self, lock: Any | None = None, max_looks: int | None = None) -> RolloutRecord:
-        """Look every interval until the rollout is promoted or rolled back."""
-        looks = 0
+    async def run(
+        self,
+        lock: Any | None = None,
+        max_looks: int | None = None,
+        on_look: Callable[[RolloutRecord], None] | None = None,
+    ) -> RolloutRecord:
+        """Look every interval until the rollout is promoted or rolled back (``max_looks``:
+        at most that many looks). While paused (the stores unreachable) retry with backoff;
+        between looks, look at once when the operator asks. ``lock``: the held ``rollout``
+        lock (its heartbeat keeps it); once lost, stop (``LockLost``)."""
+        looks, retry_s = 0, 0.0
         while True:
             if lock is not None:
-                lock.refresh()
+                lock.check()
             record = await self.look()
             looks += 1
-            if record is None or record.status != "running":
-                if record is None:
-                    raise RolloutRefused("no rollout to drive: start one with `cascade rollout N`")
+            if record is None:
+                raise RolloutRefused("no rollout to drive: start one with `cascade rollout N`")
+            if on_look is not None:
+                on_look(record)
+            if record.status != "running" or (max_looks is not None and looks >= max_looks):
                 return record
-            if max_looks is not None and looks >= max_looks:
-                return record
-            await asyncio.sleep(self.plan.interval_s)
+            if self.paused:
+                retry_s = min(self.plan.interval_s, max(FIRST_RETRY_S, 2 * retry_s))
+                await asyncio.sleep(retry_s)
+            else:
+                retry_s = 0.0
+                await self._until_next_look()
+
+    async def _until_next_look(self) -> None:
+        """Sleep ``interval_s``, or less when an operator's request arrives."""
+        deadline = time.monotonic() + self.plan.interval_s
+        while (left := deadline - time.monotonic()) > 0:
+            await asyncio.sleep(min(REQUEST_POLL_S, left))
+            try:
+                request = self.log.request()
+            except UNREACHABLE:
+                return  # the next look pauses
+            if request is not None and self.last is not None and request.rollout == self.last.id:
+                return
 
 
 def _decision_dict(decision: Decision, record: RolloutRecord) -> dict[str, Any]:

@@ -3,6 +3,11 @@
 
 Exit codes of ``cascade rollout VERSION``: 0 promoted, 1 rolled back, 2 refused or failed
 (``--once``: 0 after one look, whatever it decided).
+
+The controller holds the registry's ``rollout`` lock (ttl ``--lock-ttl``, kept by a
+heartbeat). ``cascade rollback`` / ``promote`` take the lock and act when it is free; while a
+controller holds it they leave it a request (``RolloutLog.put_request``) and wait for it to
+be honoured (``--wait-s``), taking over if the controller dies meanwhile.
 """
 
 from __future__ import annotations
@@ -10,16 +15,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import time
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from services import cli_options as opt
 from services.control.analysis import AnalysisConfig
+from services.control.registry import HOLDER, LockHeld
 from services.control.rollout import RolloutController, RolloutPlan, RolloutRefused
-from services.control.rollout_state import RolloutRecord
+from services.control.rollout_state import Action, OperatorRequest, RolloutRecord
 
 LOCK_NAME = "rollout"
+LOCK_TTL_S = 30.0  # a killed controller blocks the next one (and the operator) this long
+OPERATOR_WAIT_S = 60.0
+OPERATOR_POLL_S = 0.2
 
 
 def _controller(args: argparse.Namespace, plan: RolloutPlan | None = None) -> RolloutController:
@@ -64,56 +73,49 @@ def add_rollout_parser(commands: Any) -> None:
     parser.add_argument("--artifacts", type=Path, default=None, help="export root")
     parser.add_argument(
         "--steps",
-        type=opt.increasing_weights,
         default=",".join(f"{w:g}" for w in plan.weights),
         help="canary weights of the steps (then promotion)",
     )
     parser.add_argument(
-        "--min-step-s",
-        type=opt.positive_float,
-        default=plan.min_step_s,
-        help="a step lasts at least this long",
+        "--min-step-s", type=float, default=plan.min_step_s, help="a step lasts at least this long"
     )
     parser.add_argument(
-        "--interval-s",
-        type=opt.positive_float,
-        default=plan.interval_s,
-        help="seconds between looks",
+        "--interval-s", type=float, default=plan.interval_s, help="seconds between looks"
     )
     parser.add_argument(
         "--step-deadline-s",
-        type=opt.positive_float,
+        type=float,
         default=plan.step_deadline_s,
         help="a step holding this long for lack of data rolls back (no_traffic)",
     )
     parser.add_argument(
         "--apply-deadline-s",
-        type=opt.positive_float,
+        type=float,
         default=plan.apply_deadline_s,
         help="replicas not applying a step (loading the canary) this long roll it back "
         "(not_applied); the step's other times count from when they have",
     )
     parser.add_argument(
         "--margin",
-        type=opt.margin,
+        type=float,
         default=analysis.non_inferiority_margin,
         help="relative CTR loss the canary may show and still pass",
     )
     parser.add_argument(
         "--min-impressions",
-        type=opt.positive_int,
+        type=int,
         default=analysis.min_impressions,
         help="per arm before the CTR test judges",
     )
     parser.add_argument(
         "--min-requests",
-        type=opt.positive_int,
+        type=int,
         default=analysis.min_requests,
         help="per arm before the guardrails judge",
     )
     parser.add_argument(
         "--alpha",
-        type=opt.probability,
+        type=float,
         default=analysis.alpha,
         help="error rate of the sequential tests over all looks",
     )
@@ -125,7 +127,7 @@ def add_rollout_parser(commands: Any) -> None:
     parser.add_argument("--once", action="store_true", help="start or resume, look once, exit")
     parser.add_argument(
         "--metrics-port",
-        type=opt.port_or_off,
+        type=int,
         default=0,
         help="serve the controller's Prometheus metrics on this port (0: off)",
     )
@@ -133,6 +135,13 @@ def add_rollout_parser(commands: Any) -> None:
         "--metrics-address",
         default="127.0.0.1",
         help="address the metrics port listens on (0.0.0.0 where Prometheus scrapes the pod)",
+    )
+    parser.add_argument(
+        "--lock-ttl",
+        type=float,
+        default=LOCK_TTL_S,
+        help="seconds the rollout lock outlives a killed controller (a heartbeat renews it "
+        "every third of that while the controller runs)",
     )
     parser.add_argument("--json", action="store_true", help="status: print JSON")
     parser.add_argument(
@@ -159,13 +168,12 @@ def _target_version(controller: RolloutController, target: str) -> int:
 
 
 def _plan(args: argparse.Namespace) -> RolloutPlan:
-    from pipelines.errors import UsageError
-
-    if args.step_deadline_s < args.min_step_s:
-        raise UsageError(
-            f"--step-deadline-s ({args.step_deadline_s:g}) must be at least --min-step-s "
-            f"({args.min_step_s:g}): every step would time out before it may end"
-        )
+    try:
+        weights = tuple(float(w) for w in args.steps.split(","))
+    except ValueError:
+        raise RolloutRefused(
+            f"--steps must be numbers separated by commas, got {args.steps!r}"
+        ) from None
     analysis = AnalysisConfig(
         alpha=args.alpha,
         non_inferiority_margin=args.margin,
@@ -173,7 +181,7 @@ def _plan(args: argparse.Namespace) -> RolloutPlan:
         min_requests=args.min_requests,
     )
     return RolloutPlan(
-        args.steps,
+        weights,
         args.min_step_s,
         args.interval_s,
         args.step_deadline_s,
@@ -209,9 +217,7 @@ def run_rollout(args: argparse.Namespace) -> int:
             flush=True,
         )
     with ExitStack() as stack:
-        lock = stack.enter_context(
-            controller.registry.lock(LOCK_NAME, ttl_s=max(60.0, 3 * controller.plan.interval_s))
-        )
+        lock = stack.enter_context(controller.registry.lock(LOCK_NAME, ttl_s=args.lock_ttl))
         record = controller.start(version, force=args.force)
         print(
             f"rollout {record.id}: version {version} against production "
@@ -226,27 +232,22 @@ def run_rollout(args: argparse.Namespace) -> int:
 
 
 async def _drive(controller: RolloutController, lock: Any, max_looks: int | None) -> RolloutRecord:
+    """``controller.run`` with the store started, printing each new decision once."""
+    last: list[Any] = [None]
+
+    def show(record: RolloutRecord) -> None:
+        decision = record.last_decision or {}
+        if decision.get("look") != last[0]:
+            last[0] = decision.get("look")
+            print(
+                f"look {last[0]}: step {record.step} ({record.weight:.0%}) "
+                f"{decision.get('outcome')} ({decision.get('reason')})",
+                flush=True,
+            )
+
     await controller.store.start()
     try:
-        last = None
-        looks = 0
-        while True:
-            lock.refresh()
-            record = await controller.look()
-            looks += 1
-            if record is None:
-                raise RolloutRefused("the rollout record disappeared")
-            decision = record.last_decision or {}
-            if decision.get("look") != last:
-                last = decision.get("look")
-                print(
-                    f"look {last}: step {record.step} ({record.weight:.0%}) "
-                    f"{decision.get('outcome')} ({decision.get('reason')})",
-                    flush=True,
-                )
-            if record.status != "running" or (max_looks is not None and looks >= max_looks):
-                return record
-            await asyncio.sleep(controller.plan.interval_s)
+        return await controller.run(lock, max_looks, on_look=show)
     finally:
         await controller.store.close()
 
@@ -259,6 +260,7 @@ def _print(record: RolloutRecord | None) -> None:
         f"rollout {record.id}: version {record.version} vs production {record.production}: "
         f"{record.status.replace('_', ' ')}"
         + (f" ({record.reason})" if record.reason else "")
+        + (f" [{record.detail}]" if record.reason == "operator" and record.detail else "")
         + f", step {record.step} at {record.weight:.0%}, {record.looks} looks"
     )
     for name, arm in sorted(record.arms.items()):
@@ -295,21 +297,32 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _operator_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--artifacts", type=Path, default=None, help="export root")
+    parser.add_argument("--reason", default="manual", help="recorded in the audit trail")
+    parser.add_argument(
+        "--wait-s",
+        type=float,
+        default=OPERATOR_WAIT_S,
+        help="while a controller drives the rollout: how long to wait for it to act on "
+        "the request (it does within about a second between looks)",
+    )
+
+
 def add_rollback_parser(commands: Any) -> None:
     parser = commands.add_parser(
         "rollback",
         help="roll the running rollout back now (or undo the last promotion)",
         description="With a rollout running: take the canary out at once (production "
-        "untouched). With none: make the previous production the production again.",
+        "untouched), reason `operator`; when a controller drives it, it is asked to, and "
+        "this waits until it has. With none: make the previous production the production "
+        "again.",
     )
-    parser.add_argument("--artifacts", type=Path, default=None, help="export root")
-    parser.add_argument("--reason", default="manual", help="recorded in the audit trail")
+    _operator_options(parser)
 
 
 def run_rollback(args: argparse.Namespace) -> int:
-    controller = _controller(args)
-    with controller.registry.lock(LOCK_NAME, ttl_s=60):
-        record = controller.rollback(f"manual: {args.reason}")
+    controller, record = _operator(args, "rollback")
     desired = controller.desired.read()
     print(f"rolled back; serving production {desired.production if desired else '?'}")
     _print(record)
@@ -321,15 +334,89 @@ def add_promote_parser(commands: Any) -> None:
         "promote",
         help="promote the running rollout's canary now (recorded)",
         description="Make the running rollout's canary the production version without "
-        "waiting for its analysis (recorded with the reason in the audit trail).",
+        "waiting for its analysis (reason `operator`, with --reason in the audit trail); "
+        "when a controller drives it, it is asked to, and this waits until it has.",
     )
-    parser.add_argument("--artifacts", type=Path, default=None, help="export root")
-    parser.add_argument("--reason", default="manual", help="recorded in the audit trail")
+    _operator_options(parser)
 
 
 def run_promote(args: argparse.Namespace) -> int:
-    controller = _controller(args)
-    with controller.registry.lock(LOCK_NAME, ttl_s=60):
-        record = controller.promote(f"manual: {args.reason}")
+    _, record = _operator(args, "promote")
     _print(record)
     return 0
+
+
+def _operator(
+    args: argparse.Namespace, action: Action
+) -> tuple[RolloutController, RolloutRecord | None]:
+    """Roll back or promote under the ``rollout`` lock; while a controller holds it, leave
+    it a request for the running rollout and wait (``--wait-s``) until it has acted, or
+    until its lock is free (it died: act here). Returns the record acted on."""
+    from redis.exceptions import RedisError
+
+    controller = _controller(args)
+    try:
+        return controller, _act_or_request(controller, args, action)
+    except RedisError as error:  # the rollout record's or the desired state's Redis
+        raise RolloutRefused(f"{action}: the rollout's store cannot be reached ({error})") from None
+
+
+def _act_or_request(
+    controller: RolloutController, args: argparse.Namespace, action: Action
+) -> RolloutRecord | None:
+    """``_operator``'s loop: act under the lock, or request and wait for the controller."""
+    deadline = time.monotonic() + args.wait_s
+    requested: OperatorRequest | None = None
+
+    def answered() -> RolloutRecord | None:
+        """The rollout the request was for, once it has ended (None before)."""
+        record = controller.log.load()
+        if requested is None or record is None or record.id != requested.rollout:
+            return None
+        return None if record.status == "running" else _honoured(record, action)
+
+    while True:
+        try:
+            with controller.registry.lock(LOCK_NAME, ttl_s=LOCK_TTL_S):
+                record = answered()  # the controller may have acted and exited meanwhile
+                if record is not None:
+                    return record
+                if action == "rollback":
+                    return controller.rollback(args.reason)
+                return controller.promote(args.reason)
+        except LockHeld as error:
+            held = error
+        if (record := answered()) is not None:
+            return record
+        current = controller.log.load()
+        if requested is None and current is not None and current.status == "running":
+            requested = OperatorRequest(
+                action=action, rollout=current.id, reason=args.reason, by=HOLDER
+            )
+            controller.log.put_request(requested)
+            print(
+                f"{action} of rollout {current.id} requested from its controller ({held}); "
+                f"waiting up to {args.wait_s:g} s",
+                flush=True,
+            )
+        if time.monotonic() >= deadline:
+            if requested is None:
+                raise RolloutRefused(f"{held}; no rollout is running for it to {action}")
+            raise RolloutRefused(
+                f"the controller did not {action} rollout {requested.rollout} within "
+                f"{args.wait_s:g} s ({held}); the request stands: it acts on it at its next "
+                "look (`cascade rollout status`)"
+            )
+        time.sleep(OPERATOR_POLL_S)
+
+
+def _honoured(record: RolloutRecord, action: Action) -> RolloutRecord:
+    """The rollout the request was for has ended: as asked, or on its own just before."""
+    wanted = "rolled_back" if action == "rollback" else "promoted"
+    if record.status == wanted:
+        return record
+    again = "; `cascade rollback` again restores the previous production"
+    raise RolloutRefused(
+        f"rollout {record.id} was {record.status.replace('_', ' ')} ({record.reason}) "
+        f"before its controller saw the {action} request{again if action == 'rollback' else ''}"
+    )

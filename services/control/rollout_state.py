@@ -3,8 +3,10 @@
 ``RolloutRecord`` holds the rollout's identity, step, status, the stream cursors it has read
 up to, the per-arm counts built from the impression and feedback streams, and the
 sequential test's state. ``RolloutLog`` stores it (Redis ``{ns}:rollout:state``, or a JSON
-file for the embedded stack) and appends every decision to an audit log (Redis stream
-``{ns}:rollout:audit``, or a JSON-lines file).
+file for the embedded stack), appends every decision to an audit log (Redis stream
+``{ns}:rollout:audit``, or a JSON-lines file) and holds the operator's request to stop the
+running rollout (``{ns}:rollout:request``, or ``request.json``), which the controller that
+holds the ``rollout`` lock honours at its next look.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from services.control.analysis import ArmStats
 from services.redis_client import sync_client
 
 Status = Literal["running", "promoted", "rolled_back"]
+Action = Literal["rollback", "promote"]
 
 # Latency histogram of an arm: geometric bucket bounds from 0.1 ms to 100 s.
 LATENCY_BOUNDS_MS = np.geomspace(0.1, 100_000, 121)
@@ -156,6 +159,7 @@ class RolloutRecord(BaseModel):
     step_applied_at: float | None = None
     updated_at: float = Field(default_factory=time.time)
     reason: str = ""
+    detail: str = ""  # what the reason measured, or the operator's words
     cursors: dict[str, str] = Field(
         default_factory=lambda: {"impressions": "0-0", "feedback": "0-0"}
     )
@@ -196,8 +200,19 @@ class RolloutRecord(BaseModel):
         return control, canary, (expected / total if total else self.weight), variance
 
 
+class OperatorRequest(BaseModel):
+    """``cascade rollback`` / ``promote`` asking the controller of rollout ``rollout`` to
+    end it now (it holds the lock, so the command cannot act itself)."""
+
+    action: Action
+    rollout: str = Field(description="The id of the rollout it is for (ignored by any other).")
+    reason: str = Field("", description="The operator's words, kept in the audit trail.")
+    at: float = Field(default_factory=time.time)
+    by: str = ""
+
+
 class RolloutLog(ABC):
-    """Where the rollout record and its audit trail live."""
+    """Where the rollout record, its audit trail and the operator's request live."""
 
     @abstractmethod
     def load(self) -> RolloutRecord | None: ...
@@ -213,6 +228,17 @@ class RolloutLog(ABC):
     def audit(self, count: int = 50) -> list[dict[str, Any]]:
         """The newest ``count`` audit entries, oldest first."""
 
+    @abstractmethod
+    def put_request(self, request: OperatorRequest) -> None:
+        """Store the operator's request (replacing an earlier one)."""
+
+    @abstractmethod
+    def request(self) -> OperatorRequest | None:
+        """The pending operator request, if any."""
+
+    @abstractmethod
+    def clear_request(self) -> None: ...
+
     def close(self) -> None:
         return None
 
@@ -221,6 +247,7 @@ class RedisRolloutLog(RolloutLog):
     def __init__(self, url: str, namespace: str = "cascade", timeout_s: float = 2.0) -> None:
         self.client = sync_client(url, timeout_s)
         self.key, self.stream = f"{namespace}:rollout:state", f"{namespace}:rollout:audit"
+        self.request_key = f"{namespace}:rollout:request"
 
     def load(self) -> RolloutRecord | None:
         raw = self.client.get(self.key)
@@ -238,6 +265,16 @@ class RedisRolloutLog(RolloutLog):
         entries: Any = self.client.xrevrange(self.stream, count=count)
         return [json.loads(fields[b"entry"]) for _, fields in reversed(entries)]
 
+    def put_request(self, request: OperatorRequest) -> None:
+        self.client.set(self.request_key, request.model_dump_json())
+
+    def request(self) -> OperatorRequest | None:
+        raw = self.client.get(self.request_key)
+        return None if raw is None else OperatorRequest.model_validate_json(raw)
+
+    def clear_request(self) -> None:
+        self.client.delete(self.request_key)
+
     def close(self) -> None:
         self.client.close()
 
@@ -246,6 +283,7 @@ class FileRolloutLog(RolloutLog):
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.path, self.trail = directory / "state.json", directory / "audit.jsonl"
+        self.request_path = directory / "request.json"
 
     def load(self) -> RolloutRecord | None:
         try:
@@ -253,14 +291,30 @@ class FileRolloutLog(RolloutLog):
         except FileNotFoundError:
             return None
 
-    def save(self, record: RolloutRecord) -> None:
-        record.updated_at = time.time()
+    def _replace(self, path: Path, text: str) -> None:
+        """Write ``path`` atomically (a reader sees the old or the new text, whole)."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        staging = self.path.with_suffix(".tmp")
-        staging.write_text(record.model_dump_json())
+        staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        staging.write_text(text)
         with staging.open() as handle:
             os.fsync(handle.fileno())
-        staging.replace(self.path)
+        staging.replace(path)
+
+    def save(self, record: RolloutRecord) -> None:
+        record.updated_at = time.time()
+        self._replace(self.path, record.model_dump_json())
+
+    def put_request(self, request: OperatorRequest) -> None:
+        self._replace(self.request_path, request.model_dump_json())
+
+    def request(self) -> OperatorRequest | None:
+        try:
+            return OperatorRequest.model_validate_json(self.request_path.read_text())
+        except FileNotFoundError:
+            return None
+
+    def clear_request(self) -> None:
+        self.request_path.unlink(missing_ok=True)
 
     def append(self, entry: dict[str, Any]) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
