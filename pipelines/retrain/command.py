@@ -1,23 +1,21 @@
 """``cascade retrain``: the parser and the runner (the CLI's table points here).
 
-Exit codes: 0 a candidate was registered (the gate passed, or failed with ``--force``),
-1 the gate rejected the candidate (registered as rejected), 2 an error (nothing registered;
-a later run cleans up what this one left).
+Exit codes (services/exit_codes.py): 0 a candidate was registered (the gate passed, or
+failed with ``--force``), 1 the gate rejected the candidate (registered as rejected), 2 a
+usage error (argparse), 3 an error (nothing registered; a later run cleans up what this one
+left).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
-import traceback
 from pathlib import Path
 from typing import Any
 
-EXIT_PASS, EXIT_REJECTED, EXIT_ERROR = 0, 1, 2
-
 
 def add_parser(commands: Any) -> None:
+    from services import cli_options as opt
     from services.cli import _add_config_options
 
     parser = commands.add_parser(
@@ -34,7 +32,7 @@ def add_parser(commands: Any) -> None:
         "expires if the job dies). Streams come from CASCADE_REDIS__URL, else from the "
         "embedded gateway's files in CASCADE_STREAMS_DIR; the registry likewise. "
         "Exit codes: 0 candidate registered (passed, or --force), 1 rejected by the gate, "
-        "2 error (nothing registered).",
+        "2 usage error, 3 error (nothing registered).",
     )
     parser.add_argument(
         "--artifacts", type=Path, default=None, help="export root (default: CASCADE_ARTIFACTS)"
@@ -51,12 +49,14 @@ def add_parser(commands: Any) -> None:
         default="movielens",
         help="the base data set the logged outcomes are appended to (default: movielens)",
     )
-    parser.add_argument("--users", type=int, default=10_000, help="synthetic: users")
-    parser.add_argument("--items", type=int, default=5_000, help="synthetic: items")
-    parser.add_argument("--interactions", type=int, default=200_000, help="synthetic: interactions")
+    parser.add_argument("--users", type=opt.positive_int, default=10_000, help="synthetic: users")
+    parser.add_argument("--items", type=opt.positive_int, default=5_000, help="synthetic: items")
+    parser.add_argument(
+        "--interactions", type=opt.positive_int, default=200_000, help="synthetic: interactions"
+    )
     parser.add_argument(
         "--base-fraction",
-        type=float,
+        type=opt.fraction,
         default=1.0,
         help="use only the oldest fraction of the base interactions (the rest is what "
         "bench/retrain.py replays as traffic; default 1.0, keep it in production)",
@@ -81,14 +81,14 @@ def add_parser(commands: Any) -> None:
     )
     parser.add_argument(
         "--gc-keep",
-        type=int,
+        type=opt.non_negative_int,
         default=None,
         help="after registering, remove old versions beyond the newest N "
         "(never production, previous production or canary)",
     )
     parser.add_argument(
         "--lock-ttl",
-        type=float,
+        type=opt.positive_float,
         default=30.0,
         help="seconds the lock outlives a killed job (a heartbeat renews it every third of "
         "that while the job runs; default 30)",
@@ -114,18 +114,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_once(args: argparse.Namespace, trigger: dict[str, Any] | None = None) -> int:
-    from pydantic import ValidationError
-
     from pipelines.config import TrainConfig
-    from pipelines.errors import CascadeError
     from pipelines.retrain.job import RetrainOptions, run_retrain
+    from services.cli_options import writable_dir
     from services.control.desired_state import pin_production
     from services.control.registry import adopt_served, make_registry
-    from services.redact import redact_text
+    from services.exit_codes import fail
     from services.settings import Settings
 
     try:
         settings = Settings(**({"artifacts": args.artifacts} if args.artifacts else {}))
+        writable_dir(settings.artifacts)  # before an hour of training, not after it
+        writable_dir(args.state_dir or settings.artifacts / "retrain")
         overrides = {
             k: getattr(args, k) for k in TrainConfig.model_fields if getattr(args, k) is not None
         }
@@ -155,13 +155,8 @@ def _run_once(args: argparse.Namespace, trigger: dict[str, Any] | None = None) -
             pin_production(settings, registry.production())
         finally:
             registry.close()
-    except (CascadeError, ValidationError) as error:
-        print(f"cascade retrain: error: {redact_text(str(error))}", file=sys.stderr)
-        return EXIT_ERROR
-    except Exception as error:  # Redis down, disk full...: never mistaken for "rejected"
-        traceback.print_exc(file=sys.stderr)
-        print(f"cascade retrain: error: {redact_text(repr(error))}", file=sys.stderr)
-        return EXIT_ERROR
+    except Exception as error:  # Redis down, disk full...: exit 3, never mistaken for "rejected"
+        return fail(error, "cascade retrain")
     verdict = outcome.verdict
     print(
         json.dumps(
