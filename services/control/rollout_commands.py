@@ -20,6 +20,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+from services import cli_options as opt
 from services.control.analysis import AnalysisConfig
 from services.control.registry import HOLDER, LockHeld
 from services.control.rollout import RolloutController, RolloutPlan, RolloutRefused
@@ -73,49 +74,56 @@ def add_rollout_parser(commands: Any) -> None:
     parser.add_argument("--artifacts", type=Path, default=None, help="export root")
     parser.add_argument(
         "--steps",
+        type=opt.increasing_weights,
         default=",".join(f"{w:g}" for w in plan.weights),
         help="canary weights of the steps (then promotion)",
     )
     parser.add_argument(
-        "--min-step-s", type=float, default=plan.min_step_s, help="a step lasts at least this long"
+        "--min-step-s",
+        type=opt.positive_float,
+        default=plan.min_step_s,
+        help="a step lasts at least this long",
     )
     parser.add_argument(
-        "--interval-s", type=float, default=plan.interval_s, help="seconds between looks"
+        "--interval-s",
+        type=opt.positive_float,
+        default=plan.interval_s,
+        help="seconds between looks",
     )
     parser.add_argument(
         "--step-deadline-s",
-        type=float,
+        type=opt.positive_float,
         default=plan.step_deadline_s,
         help="a step holding this long for lack of data rolls back (no_traffic)",
     )
     parser.add_argument(
         "--apply-deadline-s",
-        type=float,
+        type=opt.positive_float,
         default=plan.apply_deadline_s,
         help="replicas not applying a step (loading the canary) this long roll it back "
         "(not_applied); the step's other times count from when they have",
     )
     parser.add_argument(
         "--margin",
-        type=float,
+        type=opt.margin,
         default=analysis.non_inferiority_margin,
         help="relative CTR loss the canary may show and still pass",
     )
     parser.add_argument(
         "--min-impressions",
-        type=int,
+        type=opt.positive_int,
         default=analysis.min_impressions,
         help="per arm before the CTR test judges",
     )
     parser.add_argument(
         "--min-requests",
-        type=int,
+        type=opt.positive_int,
         default=analysis.min_requests,
         help="per arm before the guardrails judge",
     )
     parser.add_argument(
         "--alpha",
-        type=float,
+        type=opt.probability,
         default=analysis.alpha,
         help="error rate of the sequential tests over all looks",
     )
@@ -127,7 +135,7 @@ def add_rollout_parser(commands: Any) -> None:
     parser.add_argument("--once", action="store_true", help="start or resume, look once, exit")
     parser.add_argument(
         "--metrics-port",
-        type=int,
+        type=opt.port_or_off,
         default=0,
         help="serve the controller's Prometheus metrics on this port (0: off)",
     )
@@ -138,7 +146,7 @@ def add_rollout_parser(commands: Any) -> None:
     )
     parser.add_argument(
         "--lock-ttl",
-        type=float,
+        type=opt.positive_float,
         default=LOCK_TTL_S,
         help="seconds the rollout lock outlives a killed controller (a heartbeat renews it "
         "every third of that while the controller runs)",
@@ -168,12 +176,13 @@ def _target_version(controller: RolloutController, target: str) -> int:
 
 
 def _plan(args: argparse.Namespace) -> RolloutPlan:
-    try:
-        weights = tuple(float(w) for w in args.steps.split(","))
-    except ValueError:
-        raise RolloutRefused(
-            f"--steps must be numbers separated by commas, got {args.steps!r}"
-        ) from None
+    from pipelines.errors import UsageError
+
+    if args.step_deadline_s < args.min_step_s:
+        raise UsageError(
+            f"--step-deadline-s ({args.step_deadline_s:g}) must be at least --min-step-s "
+            f"({args.min_step_s:g}): every step would time out before it may end"
+        )
     analysis = AnalysisConfig(
         alpha=args.alpha,
         non_inferiority_margin=args.margin,
@@ -181,7 +190,7 @@ def _plan(args: argparse.Namespace) -> RolloutPlan:
         min_requests=args.min_requests,
     )
     return RolloutPlan(
-        weights,
+        args.steps,
         args.min_step_s,
         args.interval_s,
         args.step_deadline_s,
@@ -302,7 +311,7 @@ def _operator_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reason", default="manual", help="recorded in the audit trail")
     parser.add_argument(
         "--wait-s",
-        type=float,
+        type=opt.non_negative_float,
         default=OPERATOR_WAIT_S,
         help="while a controller drives the rollout: how long to wait for it to act on "
         "the request (it does within about a second between looks)",
