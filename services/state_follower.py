@@ -14,6 +14,11 @@ It never waits on the request path and never makes things worse:
 - the previous production stays loaded for ``keep_previous_s`` (an instant rollback), and a
   version nobody is routed to any more is dropped only after ``retire_after_s``, so requests
   already in flight finish on the version they started with.
+
+The replica reports what it applied (the controller waits for every live replica) under a
+short ttl, renewed every ``interval_s`` by its own task, so a slow model load does not let
+it lapse while a stopped replica stops counting as live within seconds; ``close()``
+withdraws it at once.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import logging
 import os
 import secrets
 import socket
+import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -38,7 +44,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-REPORT_TTL_S = 120.0
+REPORT_TTL_S = 5.0  # at least; 3 intervals when longer (renewed every interval)
 
 
 class StateFollower:
@@ -67,6 +73,9 @@ class StateFollower:
         self.previous: tuple[int, float] | None = None  # (old production, since)
         self.unrouted_since: dict[int, float] = {}
         self._background = BackgroundTask()
+        self._reporting = BackgroundTask()
+        self._report_lock = threading.Lock()  # a report written vs. one withdrawn
+        self._withdrawn = False
         # one id per following gateway (several may share a process: tests, benchmarks)
         self.replica = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
 
@@ -99,12 +108,21 @@ class StateFollower:
         load). Best effort: the controller treats a missing report as unknown."""
         status = {"replica": self.replica, **self.status(), "at": time.time()}
         status.pop("desired", None)
-        ttl_s = max(REPORT_TTL_S, 5 * self.interval_s)  # outlives a slow model load
+        ttl_s = max(REPORT_TTL_S, 3 * self.interval_s)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(
-                asyncio.to_thread(self.store.report, self.replica, status, ttl_s),
-                self.read_timeout_s,
+                asyncio.to_thread(self._write_report, status, ttl_s), self.read_timeout_s
             )
+
+    def _write_report(self, status: dict, ttl_s: float) -> None:
+        with self._report_lock:  # never after close() withdrew it
+            if not self._withdrawn:
+                self.store.report(self.replica, status, ttl_s)
+
+    def _withdraw_report(self) -> None:
+        with self._report_lock:
+            self._withdrawn = True
+            self.store.remove_report(self.replica)
 
     async def apply(self, state: DesiredState) -> None:
         gateway = self.gateway
@@ -224,9 +242,23 @@ class StateFollower:
             except Exception:  # a bug here must never stop following
                 log.exception("following the desired state failed")
 
+    async def _keep_reporting(self) -> None:
+        """Renew the report every interval, also while ``check()`` waits on a long load."""
+        while True:
+            await asyncio.sleep(self.interval_s)
+            if self.reachable:
+                await self._report()
+
     def start(self) -> None:
         self._background.start(self._run())
+        self._reporting.start(self._keep_reporting())
 
     async def close(self) -> None:
+        """Stop following and withdraw this replica's report (it no longer serves)."""
         await self._background.stop()
+        await self._reporting.stop()
+        try:
+            await asyncio.wait_for(asyncio.to_thread(self._withdraw_report), 2.0)
+        except Exception as error:  # its short ttl ends it soon anyway
+            log.warning("replica report not withdrawn (%r): it expires on its own", error)
         await asyncio.to_thread(self.store.close)

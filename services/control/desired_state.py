@@ -111,6 +111,10 @@ class DesiredStateStore(ABC):
     def reports(self) -> list[dict]:
         """The live replicas' last reports."""
 
+    @abstractmethod
+    def remove_report(self, replica: str) -> None:
+        """A stopping replica withdraws its report (it is no longer live)."""
+
     def close(self) -> None:
         return None
 
@@ -149,6 +153,9 @@ class RedisDesiredState(DesiredStateStore):
         keys = sorted(self.client.scan_iter(f"{self.key}:replica:*", count=1000))
         values = self.client.mget(keys) if keys else []
         return [json.loads(v) for v in values if v is not None]
+
+    def remove_report(self, replica: str) -> None:
+        self.client.delete(f"{self.key}:replica:{replica}")
 
     def close(self) -> None:
         if self._client is not None:
@@ -203,6 +210,9 @@ class FileDesiredState(DesiredStateStore):
             if entry.get("expires", 0) > time.time():
                 found.append(entry["status"])
         return found
+
+    def remove_report(self, replica: str) -> None:
+        (self.directory / f"{replica}.json").unlink(missing_ok=True)
 
 
 def make_desired_state_store(
