@@ -14,7 +14,8 @@ retrieval positive = rating >= 3, ranking label = rating >= 4, rating 3 dropped)
   towers and features need their attributes).
 
 Each row also says whether it is ``served``: derived from an answer the gateway logged (an
-event carrying the ``request_id`` of a logged impression set, or a skip-above negative).
+event the gateway vouched for as ``served``, see ``pipelines.retrain.evidence``, or a
+skip-above negative), and which ``source`` (client key) sent it.
 The serving models chose what such rows show, so the gate never judges them (they favour
 production: see ``pipelines.split.holdout_split``); they train later candidates once older
 than the holdout window. Events without one (the user's own choices, or replayed data)
@@ -37,11 +38,16 @@ import pandas as pd
 from pipelines.data.schema import INTERACTION_COLUMNS, RawDataset, oldest, oldest_rows
 from pipelines.split import Split, holdout_split, judged_window
 from pipelines.validation.holdout import Holdout
+from services.attribution import SERVED
 
 __all__ = ["Learnt", "TrainingData", "combine", "logged_interactions", "oldest", "oldest_rows"]
 
+BASE_SOURCE = "base data"  # rows of the base data set (the operator's own)
 CLICK_RATING = 5.0
 SKIP_RATING = 1.0
+
+
+ANSWER_LOG = "answer_log"  # the source of skip-above negatives: the gateway's own log
 
 
 def _frame(rows: pd.DataFrame, rating: float) -> pd.DataFrame:
@@ -52,29 +58,27 @@ def _frame(rows: pd.DataFrame, rating: float) -> pd.DataFrame:
             "rating": np.full(len(rows), rating, np.float32),
             "timestamp": rows["timestamp"].to_numpy(np.int64),
             "served": rows["served"].to_numpy(bool),
+            "source": rows["source"].to_numpy(object),
         }
     )
 
 
 def logged_interactions(feedback: pd.DataFrame, impressions: pd.DataFrame) -> pd.DataFrame:
-    """Rows (user_id, item_id, rating, timestamp, served) from parsed feedback and
-    impressions."""
-    answered = feedback["request_id"].isin(impressions["request_id"]) & (
-        feedback["request_id"] != ""
-    )
-    feedback = feedback.assign(served=answered.to_numpy(bool))
+    """Rows (user_id, item_id, rating, timestamp, served, source) from parsed impressions
+    and the feedback ``pipelines.retrain.evidence.vouched_feedback`` kept."""
+    feedback = feedback.assign(served=(feedback["trust"] == SERVED).to_numpy(bool))
     clicks = feedback[feedback["type"] == "click"].drop_duplicates(
         ["user_id", "item_id", "request_id", "timestamp"]
     )
     clicked_pairs = clicks[["user_id", "item_id"]].drop_duplicates()
 
     shown = feedback[feedback["type"] == "impression"][
-        ["user_id", "item_id", "timestamp", "served"]
+        ["user_id", "item_id", "timestamp", "served", "source"]
     ]
 
-    with_click = clicks[clicks["request_id"] != ""][["request_id", "item_id"]]
+    with_click = clicks[clicks["served"]][["request_id", "item_id"]]
     sets = impressions[impressions["request_id"].isin(with_click["request_id"])]
-    skipped = pd.DataFrame(columns=["user_id", "item_id", "timestamp", "served"])
+    skipped = pd.DataFrame(columns=["user_id", "item_id", "timestamp", "served", "source"])
     if len(sets):
         exploded = sets[["request_id", "user_id", "timestamp", "items"]].explode("items")
         exploded = exploded.rename(columns={"items": "item_id"})
@@ -88,7 +92,7 @@ def logged_interactions(feedback: pd.DataFrame, impressions: pd.DataFrame) -> pd
         ranked["lowest"] = ranked["request_id"].map(lowest)
         skipped = ranked[~hit & (ranked["rank"] < ranked["lowest"])][
             ["user_id", "item_id", "timestamp"]
-        ].assign(served=True)
+        ].assign(served=True, source=ANSWER_LOG)
     negatives = pd.concat([shown, skipped], ignore_index=True)
     negatives = negatives.merge(
         clicked_pairs, on=["user_id", "item_id"], how="left", indicator=True
@@ -141,6 +145,20 @@ class TrainingData:
     learnt: Learnt = field(default_factory=Learnt)
     window_rows: int = 0  # the judged window, with the rows production learnt
     learnt_in_window: int = 0
+    sources: np.ndarray | None = None  # per combined row: BASE_SOURCE or the client's source
+
+    def holdout_sources(self) -> Counter:
+        """Rows of the judged holdout per source (the base data set, or a client)."""
+        if self.sources is None:
+            return Counter({BASE_SOURCE: len(self.split.test)})
+        return Counter(self.sources[self.split.test].tolist())
+
+    def unvouched_share(self) -> float:
+        """The share of the holdout no one vouches for: logged organic events (the base
+        data set is the operator's own; served rows are never judged)."""
+        counts = self.holdout_sources()
+        total = sum(counts.values())
+        return (total - counts[BASE_SOURCE]) / total if total else 0.0
 
     def holdout_notes(self) -> list[str]:
         """What the holdout is made of (for the verdict)."""
@@ -151,10 +169,15 @@ class TrainingData:
             if self.learnt_in_window
             else ""
         )
+        by_source = ", ".join(
+            f"{source} {count} ({count / max(1, len(test)):.0%})"
+            for source, count in self.holdout_sources().most_common()
+        )
         notes = [
             f"holdout: the newest {self.window_rows} rows no serving model chose{learnt}: "
             f"{len(test)} rows, {len(test) - logged} of the base data and {logged} logged "
-            f"(what production learnt: {self.learnt.source})"
+            f"(what production learnt: {self.learnt.source})",
+            f"holdout by source: {by_source or 'none'}",
         ]
         used = len(self.split.train) + len(self.split.valid) + len(test)
         if len(self.dataset.interactions) > used:
@@ -209,6 +232,11 @@ def combine(
         [base.interactions[list(INTERACTION_COLUMNS)], kept[list(INTERACTION_COLUMNS)]],
         ignore_index=True,
     )
+    logged_sources = kept["source"] if "source" in kept else pd.Series("", index=kept.index)
+    sources = np.r_[
+        np.full(len(base.interactions), BASE_SOURCE, dtype=object),
+        logged_sources.fillna("").replace("", "unknown").to_numpy(object),
+    ]
     digest = hashlib.sha256(base.content_hash().encode())
     for column in INTERACTION_COLUMNS:
         digest.update(np.ascontiguousarray(kept[column].to_numpy()).tobytes())
@@ -228,4 +256,5 @@ def combine(
         learnt=learnt,
         window_rows=len(window),
         learnt_in_window=int(mask[window].sum()),
+        sources=sources,
     )

@@ -33,7 +33,8 @@ from pipelines.export.exporter import run_export
 from pipelines.export.repository import next_version
 from pipelines.pipeline import DATASET_INFO, load_dataset, split_for
 from pipelines.prepare import prepare
-from pipelines.retrain.dataset import Learnt, combine, logged_interactions, oldest, oldest_rows
+from pipelines.retrain.dataset import Learnt, combine, oldest, oldest_rows
+from pipelines.retrain.evidence import logged_rows, unvouched_check
 from pipelines.retrain.snapshot import Snapshot, read_since, read_snapshots, write_snapshot
 from pipelines.retrain.state import STREAM_NAMES, StateDir, recover, remove_version
 from pipelines.training.ranking import run_ranking
@@ -242,20 +243,19 @@ def run_retrain(
             learnt = production_learnt(
                 root, production, full_base, oldest_rows(full_base, options.base_fraction)
             )
-            data = combine(
-                base,
-                logged_interactions(feedback, impressions),
-                options.fractions,
-                learnt,
-                config.seed,
+            logged, left_out, evidence_notes = logged_rows(
+                feedback, impressions, gate_config.logged_events
             )
+            data = combine(base, logged, options.fractions, learnt, config.seed)
+            data.dropped.update(left_out)
             dropped = ", ".join(f"{k} {v}" for k, v in sorted(data.dropped.items())) or "none"
             progress(
                 f"data: {data.base_rows} base rows + {data.logged_rows} logged rows from "
                 f"{len(runs)} snapshot(s) (dropped: {dropped}); split "
                 f"{len(data.split.train)}/{len(data.split.valid)}/{len(data.split.test)}"
             )
-            for note in data.holdout_notes():
+            holdout_notes = [*data.holdout_notes(), *evidence_notes]
+            for note in holdout_notes:
                 progress(note)
             work = state_dir.work
             prepare(
@@ -308,11 +308,12 @@ def run_retrain(
                 data.holdout(),
                 gate_config,
                 data.data_hash,
-                notes=data.holdout_notes(),
+                notes=holdout_notes,
                 workdir=work,
                 train_config=config,
                 report=progress,
             )
+            verdict.checks.append(unvouched_check(data, gate_config.logged_events))
             verdict.forced = options.force and not verdict.passed
             if verdict.forced:
                 verdict.notes.append("--force: registered as a candidate although the gate failed")

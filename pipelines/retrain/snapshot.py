@@ -33,6 +33,8 @@ FEEDBACK_SCHEMA = pa.schema(
         ("timestamp", pa.int64()),
         ("model_version", pa.int64()),
         ("request_id", pa.string()),
+        ("trust", pa.string()),  # what the gateway vouched for ("": logged before it did)
+        ("source", pa.string()),
     ]
 )
 IMPRESSION_SCHEMA = pa.schema(
@@ -113,6 +115,8 @@ def parse_feedback(stream_id: str, fields: dict[str, str]) -> dict[str, Any]:
         "timestamp": _timestamp(stream_id, fields),
         "model_version": _version(fields),
         "request_id": fields.get("request_id") or "",
+        "trust": fields.get("trust") or "",
+        "source": fields.get("source") or "",
     }
 
 
@@ -188,7 +192,16 @@ def write_snapshot(snapshot: Snapshot, paths: dict[str, Path]) -> None:
 
 def read_snapshots(paths: list[Path], stream: str) -> pd.DataFrame:
     """The rows of several snapshot files of one stream, in order."""
-    frames = [pq.read_table(p, schema=SCHEMAS[stream]).to_pandas() for p in paths if p.is_file()]
+    frames = [_read(path, SCHEMAS[stream]) for path in paths if path.is_file()]
     if not frames:
         return SCHEMAS[stream].empty_table().to_pandas()
     return pd.concat(frames, ignore_index=True)
+
+
+def _read(path: Path, schema: pa.Schema) -> pd.DataFrame:
+    """One snapshot file in ``schema``; columns added since it was written are empty text."""
+    table = pq.read_table(path)
+    for name in schema.names:
+        if name not in table.column_names:
+            table = table.append_column(name, pa.array([""] * table.num_rows, pa.string()))
+    return table.select(schema.names).cast(schema).to_pandas()

@@ -120,6 +120,32 @@ class Holdout(_Strict):
     min_users: int = Field(30, ge=1, description="A holdout with fewer users fails the gate.")
 
 
+class LoggedEvents(_Strict):
+    """How much logged organic feedback (events about no logged answer: vouched for by no
+    one) a retrain may learn from and the gate may judge on."""
+
+    organic_user_share: float = Field(
+        0.02,
+        gt=0,
+        le=1,
+        description="One user's organic rows are capped at this share of the organic rows "
+        "(or organic_min_cap, whichever is larger); the earliest are kept.",
+    )
+    organic_item_share: float = Field(
+        0.02, gt=0, le=1, description="The same cap for one item's organic rows."
+    )
+    organic_min_cap: int = Field(
+        20, ge=1, description="A user or item may always have this many organic rows."
+    )
+    max_unvouched_holdout_share: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="A holdout more than this share organic events (not the base data set) "
+        "fails the gate: whoever sent them would decide the verdict. 1 = never fails.",
+    )
+
+
 def floor_problem(metric: Metric, value: float) -> str | None:
     """Why a floor (LogLoss: a ceiling) could never fail or never pass, or None."""
     if metric in LOWER_IS_BETTER:
@@ -160,6 +186,7 @@ class GateConfig(_Strict):
     slice_definitions: SliceDefinitions = SliceDefinitions()
     sanity: Sanity = Sanity()
     holdout: Holdout = Holdout()
+    logged_events: LoggedEvents = LoggedEvents()
 
     @model_validator(mode="after")
     def _every_check_can_fail(self) -> GateConfig:

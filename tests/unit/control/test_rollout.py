@@ -405,3 +405,55 @@ async def test_each_rollout_salts_its_user_assignment_and_keeps_it_across_steps(
         if record.step > 0:
             break
     assert record.step > 0, record.last_decision
+
+
+async def _forged_flood(store: InMemoryStore, rng: np.random.Generator, clicks: int) -> None:
+    """Clicks for the canary as an attacker's would be stored: organic or untrusted (the
+    gateway never gives them a version), and in the form gateways before trust levels
+    stored a client's claim (``model_version`` 2, a hit, no ``trust``)."""
+    forged = [
+        {
+            "user_id": str(int(rng.integers(1000))),
+            "item_id": str(int(rng.integers(10))),
+            "type": "click",
+            **[
+                {"model_version": "", "trust": "organic"},
+                {"model_version": "", "trust": "user_mismatch", "request_id": "f" * 32},
+                {"model_version": "2", "hit": "1"},
+            ][n % 3],
+        }
+        for n in range(clicks)
+    ]
+    await store.append_feedback(forged, max_len=10**7, idempotency_ttl_s=60)
+
+
+async def _worse_canary(root: Path, flood: bool) -> tuple:
+    """A worse canary's rollout, optionally with 10x its real clicks forged in its favour:
+    (status, reason, looks, the canary's counted clicks and hits)."""
+    store, clock, rng = InMemoryStore(), Clock(), np.random.default_rng(0)
+    forger = np.random.default_rng(1)
+    controller = _controller(root, store, clock)
+    record = controller.start(2)
+    for _ in range(60):
+        await _traffic(store, rng, record.weight, {1: 0.10, 2: 0.03})
+        if flood:
+            await _forged_flood(store, forger, 10 * 40)  # ~10x the ~40 real clicks a round
+        clock.now += 2
+        record = await controller.look()  # type: ignore[assignment]
+        if record.status != "running":
+            break
+    canary = record.arm("canary")
+    return record.status, record.reason, record.looks, canary.clicks, canary.hits
+
+
+async def test_forged_clicks_do_not_change_a_canarys_decision(
+    artifacts: Path, tmp_path: Path
+) -> None:
+    """The analysis counts only clicks the gateway vouched for: the same decision, after
+    the same looks, on the same counts, with and without the flood."""
+    for name in ("quiet", "flooded"):
+        shutil.copytree(artifacts, tmp_path / name)
+    quiet = await _worse_canary(tmp_path / "quiet", flood=False)
+    flooded = await _worse_canary(tmp_path / "flooded", flood=True)
+    assert quiet[:2] == ("rolled_back", "kpi_worse")
+    assert flooded == quiet

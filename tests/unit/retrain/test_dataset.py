@@ -6,6 +6,7 @@ import pytest
 
 from pipelines.data.schema import RawDataset
 from pipelines.retrain.dataset import Learnt, combine, logged_interactions, oldest, oldest_rows
+from pipelines.retrain.evidence import vouched_feedback
 
 
 def _feedback(rows: list[tuple]) -> pd.DataFrame:
@@ -43,7 +44,7 @@ def test_clicks_are_positives_and_skipped_items_negatives() -> None:
             "items": [[10, 20, 30, 40], [10, 20]],  # b has no click: no negatives
         }
     )
-    rows = logged_interactions(feedback, impressions)
+    rows = logged_interactions(vouched_feedback(feedback, impressions)[0], impressions)
     got = {(int(u), int(i), float(r)) for u, i, r in rows[["user_id", "item_id", "rating"]].values}
     assert got == {(1, 30, 5.0), (2, 60, 5.0), (2, 50, 1.0), (1, 10, 1.0), (1, 20, 1.0)}
     assert rows["timestamp"].is_monotonic_increasing
@@ -55,7 +56,7 @@ def test_rows_of_served_answers_are_marked() -> None:
             ("1-0", 1, 30, "click", 100, 1, "a"),  # on a logged answer: served
             ("2-0", 2, 40, "click", 101, 1, ""),  # the user's own choice
             ("3-0", 2, 50, "impression", 102, 1, ""),  # shown, not answered: not served
-            ("4-0", 3, 60, "click", 103, 1, "gone"),  # its answer is not in the log
+            ("4-0", 3, 60, "click", 103, 1, "gone"),  # its answer is not in the log: untrusted
         ]
     )
     impressions = pd.DataFrame(
@@ -68,11 +69,13 @@ def test_rows_of_served_answers_are_marked() -> None:
             "items": [[10, 30]],
         }
     )
-    rows = logged_interactions(feedback, impressions)
+    kept, dropped = vouched_feedback(feedback, impressions)
+    rows = logged_interactions(kept, impressions)
     served = {
         (int(u), int(i)): bool(f) for u, i, f in rows[["user_id", "item_id", "served"]].values
     }
-    assert served == {(1, 30): True, (1, 10): True, (2, 40): False, (2, 50): False, (3, 60): False}
+    assert served == {(1, 30): True, (1, 10): True, (2, 40): False, (2, 50): False}
+    assert dropped == {"untrusted_unknown_request": 1}
 
 
 def _raw() -> RawDataset:
@@ -138,7 +141,9 @@ def test_the_holdout_leaves_out_the_base_rows_production_learnt() -> None:
     # production's held-out row outside the window (10)
     trained = data.dataset.interactions.iloc[np.r_[data.split.train, data.split.valid]]
     assert {10, 39} <= set(trained["timestamp"])
-    (note,) = data.holdout_notes()  # no served rows: nothing said about them
+    note, sources = data.holdout_notes()  # no served rows: nothing said about them
+    assert sources == "holdout by source: unknown 2 (67%), base data 1 (33%)"
+    assert data.unvouched_share() == pytest.approx(2 / 3)
     assert "newest 4 rows no serving model chose, minus the 1 production learnt from" in note
     assert ": 3 rows, 1 of the base data and 2 logged (what production learnt: its split)" in note
     with pytest.raises(ValueError, match="do not match the base rows"):
@@ -170,5 +175,5 @@ def test_rows_of_served_answers_are_held_out_but_not_judged() -> None:
     assert 103 not in set(held["timestamp"]) and 100 not in set(held["timestamp"])
     trained = data.dataset.interactions.iloc[np.r_[data.split.train, data.split.valid]]
     assert trained["timestamp"].max() < 100  # nothing newer than the window is trained on
-    assert data.holdout_notes()[1].startswith("2 rows of served answers")
+    assert data.holdout_notes()[2].startswith("2 rows of served answers")
     assert len(data.split.test) + len(data.split.train) + len(data.split.valid) == 42 - 2
