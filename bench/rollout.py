@@ -33,7 +33,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -166,6 +166,7 @@ class Traffic:
     """Every answer a simulated user got, and what was wrong with any of them."""
 
     answers: dict[str, int] = field(default_factory=dict)  # request_id -> served version
+    shown: dict[str, tuple[int, list[int]]] = field(default_factory=dict)  # -> (user, items)
     statuses: Counter[int] = field(default_factory=Counter)
     transport_errors: Counter[str] = field(default_factory=Counter)  # per exception class
     mixed: int = 0  # answers whose query_tower / ranker / release versions disagree
@@ -234,6 +235,7 @@ async def users_clicking(
             for reason in body["reasons"] if body["degraded"] else ():
                 traffic.degraded[reason] += 1
             items = np.asarray([i["item_id"] for i in body["items"]], np.int64)
+            traffic.shown[body["request_id"]] = (user_id, items.tolist())
             relevance = preferences.relevance(user_id, items)
             clicked = items[draws[: len(items)] < bias[: len(items)] * relevance]
             if len(clicked) == 0:
@@ -359,9 +361,11 @@ async def rollout(
     rate: float | None = None,
     kill_after_step: int | None = None,
     plan: RolloutPlan | None = None,
+    beside: Callable[[asyncio.Event, Traffic], Awaitable[None]] | None = None,
 ) -> dict[str, Any]:
     """One rollout of ``candidate`` against ``production`` under simulated traffic, from a
-    fresh registry and rollout record; returns its summary (outcome, timing, arms, checks)."""
+    fresh registry and rollout record; returns its summary (outcome, timing, arms, checks).
+    ``beside`` runs with the simulated users until they stop (an attacker, say)."""
     plan = plan or stack.plan
     stack.runs += 1
     namespace = f"bench{stack.runs}"  # a fresh registry, rollout record and lock
@@ -385,6 +389,7 @@ async def rollout(
             seed=stack.runs,
         )
     )
+    other = asyncio.create_task(beside(stop, traffic)) if beside is not None else None
 
     def controller() -> RolloutController:
         return RolloutController(
@@ -430,6 +435,8 @@ async def rollout(
     await asyncio.sleep(1.0)
     stop.set()
     await load
+    if other is not None:
+        await other
     watch.cancel()
     await asyncio.sleep(1.0)  # the impression log's writer flushes
     logged = await logged_versions(store, first_id)
