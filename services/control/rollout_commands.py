@@ -1,8 +1,8 @@
 """``cascade rollout VERSION`` / ``cascade rollout status`` / ``cascade rollback`` /
 ``cascade promote``: the rollout controller's command line.
 
-Exit codes of ``cascade rollout VERSION``: 0 promoted, 1 rolled back, 2 refused or failed
-(``--once``: 0 after one look, whatever it decided).
+Exit codes of ``cascade rollout VERSION``: 0 promoted, 1 rolled back, 3 refused or failed,
+2 a usage error (``--once``: 0 after one look, whatever it decided).
 
 The controller holds the registry's ``rollout`` lock (ttl ``--lock-ttl``, kept by a
 heartbeat). ``cascade rollback`` / ``promote`` take the lock and act when it is free; while a
@@ -63,7 +63,7 @@ def add_rollout_parser(commands: Any) -> None:
         "gate passed), judge it every interval against production on live traffic, promote it "
         "after the last step or roll it back when it is worse, breaks a guardrail, gets no "
         "traffic, or a replica cannot load it. Running it again resumes a running rollout. "
-        "Exit code: 0 promoted, 1 rolled back, 2 refused or failed.",
+        "Exit code: 0 promoted, 1 rolled back, 3 refused or failed (2: a usage error).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     plan, analysis = RolloutPlan(), AnalysisConfig()
