@@ -135,8 +135,7 @@ class ServerSettings(BaseModel):
 
 
 class FeedbackSettings(BaseModel):
-    """The feedback stream in Redis: who may write it, durability, bound, idempotency,
-    and how much organic events (not about a logged answer) may weigh in a retrain."""
+    """The feedback stream in Redis: who may write it, durability, bound, idempotency."""
 
     keys: list[SecretStr] = Field(
         default_factory=list,
@@ -231,7 +230,7 @@ class AdminSettings(BaseModel):
     token_file: Path | None = Field(
         None,
         description="A file holding the token (a mounted secret; surrounding whitespace is "
-        "ignored; read on every call, so a rotated secret applies at once).",
+        "ignored; read again when it changes, so a rotated secret applies at once).",
     )
 
     @model_validator(mode="after")

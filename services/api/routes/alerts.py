@@ -15,15 +15,15 @@ that the endpoint is off (404).
 from __future__ import annotations
 
 import asyncio
-import hmac
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Request
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security import HTTPAuthorizationCredentials
 
+from services.api.credentials import KeyRing, bearer
 from services.api.schemas import (
     ERROR_RESPONSES,
     AlertDecision,
@@ -32,36 +32,25 @@ from services.api.schemas import (
 )
 from services.metrics import RETRAIN_REQUESTS
 from services.retrain_queue import RetrainQueue
-from services.settings import AdminSettings, Settings
+from services.settings import Settings
 
 RETRAIN_LABEL = ("action", "retrain")
 TRIGGER_LABELS = ("model_version", "feature", "severity")  # copied into the request
 
 router = APIRouter()
-bearer = HTTPBearer(auto_error=False, description="CASCADE_ADMIN__TOKEN")
 
 
 @dataclass
 class AlertWebhook:
-    """What the route needs: the settings and the queue (built in the app's lifespan)."""
+    """What the route needs: the settings, the queue and the admin token (built in the app's
+    lifespan)."""
 
     settings: Settings
     queue: RetrainQueue
 
-
-def admin_token(admin: AdminSettings) -> str | None:
-    """The configured token (None: the admin endpoints are off). A token file is read on
-    every call, so a rotated secret applies at once."""
-    if admin.token is not None:
-        return admin.token.get_secret_value() or None
-    if admin.token_file is None:
-        return None
-    try:
-        return admin.token_file.read_text().strip() or None
-    except OSError as error:
-        raise HTTPException(
-            503, f"the admin token file {admin.token_file} cannot be read ({error.strerror})"
-        ) from None
+    def __post_init__(self) -> None:
+        admin = self.settings.admin
+        self.keys = KeyRing([admin.token] if admin.token is not None else [], admin.token_file)
 
 
 def require_admin(
@@ -77,14 +66,13 @@ def require_admin(
     )
     if credentials is None:  # unauthenticated, whatever the configuration
         raise refused
-    expected = admin_token(webhook.settings.admin)
-    if expected is None:
+    if not webhook.keys.current():  # none configured, or an empty token file
         raise HTTPException(
             404,
             "the admin endpoints are off: no admin token is configured "
             "(set CASCADE_ADMIN__TOKEN or CASCADE_ADMIN__TOKEN_FILE)",
         )
-    if not hmac.compare_digest(credentials.credentials.encode(), expected.encode()):
+    if webhook.keys.match(credentials.credentials) is None:
         raise refused
     return webhook
 
