@@ -71,15 +71,18 @@ class FeedbackEvent(_Strict):
     item_id: Id
     type: Literal["impression", "click"]
     model_version: Version | None = Field(
-        None, description="Without request_id: the version the client says it saw."
+        None,
+        description="Ignored (accepted so that older clients are not refused): an event is "
+        "attributed only through its request_id, to the version the server logged.",
     )
     timestamp: Id | None = Field(None, description="Unix seconds; default: receive time.")
     request_id: str | None = Field(
         None,
         pattern=r"^[0-9a-f]{32}$",
-        description="The request_id of the answer this event is about: the event is "
-        "attributed to the model version that served it (resolved by the server; the "
-        "client's model_version is then ignored).",
+        description="The request_id of the answer this event is about: the event counts "
+        "as evidence about the model version that served it only when the server logged that "
+        "answer for the same user and (for the item) showed it; without one the event is "
+        "organic.",
     )
     event_id: str | None = Field(
         None,
