@@ -52,11 +52,11 @@ from rollout import (
     FEEDBACK_KEY,
     GOOD,
     NAMESPACE,
-    TWIN,
     Stack,
     Traffic,
-    build,
+    exported,
     gateway_settings,
+    private_redis,
     rollout,
     serving,
     truth,
@@ -68,8 +68,6 @@ from pipelines.retrain.evidence import logged_rows, unvouched_check, vouched_fee
 from pipelines.retrain.snapshot import read_since
 from pipelines.validation.config import LoggedEvents
 from services.attribution import SERVED, vouch
-from services.control.desired_state import DesiredState, RedisDesiredState
-from services.local_redis import start_redis_server
 from services.simulator import Preferences, population
 from services.stores.base import Answer
 from services.stores.redis import RedisStore
@@ -261,18 +259,10 @@ async def verification_cost(redis_url: str, answers: int = 20_000, k: int = 20) 
 
 async def run_all(directory: Path, attacks: tuple[str, ...], rate: float) -> dict[str, Any]:
     started = time.monotonic()
-    root = directory / "export"
-    if not (root / "releases" / str(TWIN) / "manifest.json").is_file():
-        print("training, exporting 4 versions (as bench/rollout.py)", flush=True)
-        await asyncio.to_thread(build, root)
+    root = await exported(directory)
     dataset = truth()
-    redis_dir = Path(tempfile.mkdtemp(dir=directory, prefix="redis-"))  # a fresh AOF
-    redis_url, redis = start_redis_server(redis_dir, persist=True)
     results: dict[str, Any] = {}
-    try:
-        desired = RedisDesiredState(redis_url, NAMESPACE)
-        desired.write(DesiredState(production=GOOD, revision=1), 0)
-        desired.close()
+    with private_redis(directory) as redis_url:
         with serving(gateway_settings(root, redis_url)) as (url, gateway):
             stack = Stack(
                 root, redis_url, url, gateway, population(dataset, "all"), Preferences(dataset)
@@ -304,9 +294,6 @@ async def run_all(directory: Path, attacks: tuple[str, ...], rate: float) -> dic
                 print(f"{kind}: {results[kind]}", flush=True)
         cost = await verification_cost(redis_url)
         print(f"verification cost: {cost}", flush=True)
-    finally:
-        redis.terminate()
-        redis.wait(timeout=10)
     targets_met = all(
         r["forged_counted_in_kpis"] == 0
         and r["forged_in_training_rows"] == 0

@@ -745,21 +745,37 @@ def table(name: str, result: dict[str, Any]) -> str:
 SCENARIOS = ("better", "worse", "aa", "no_traffic", "resume", "triton")
 
 
-async def run_all(directory: Path, only: tuple[str, ...], repetitions: int, rate: float) -> dict:
-    started = time.monotonic()
+async def exported(directory: Path) -> Path:
+    """The four versions under ``directory/export``, trained unless a run left them there."""
     root = directory / "export"
     if not (root / "releases" / str(TWIN) / "manifest.json").is_file():
         print(f"training, exporting 4 versions ({SIZE[0]} users, {SIZE[1]} items)", flush=True)
         await asyncio.to_thread(build, root)
+    return root
+
+
+@contextlib.contextmanager
+def private_redis(directory: Path) -> Iterator[str]:
+    """A fresh Redis with AOF on a free port, desired state: production GOOD; its URL."""
+    redis_dir = Path(tempfile.mkdtemp(dir=directory, prefix="redis-"))
+    redis_url, redis = start_redis_server(redis_dir, persist=True)
+    try:
+        desired = RedisDesiredState(redis_url, NAMESPACE)
+        desired.write(DesiredState(production=GOOD, revision=1), 0)
+        desired.close()
+        yield redis_url
+    finally:
+        redis.terminate()
+        redis.wait(timeout=10)
+
+
+async def run_all(directory: Path, only: tuple[str, ...], repetitions: int, rate: float) -> dict:
+    started = time.monotonic()
+    root = await exported(directory)
     built_s = time.monotonic() - started
     dataset = truth()
-    redis_dir = Path(tempfile.mkdtemp(dir=directory, prefix="redis-"))  # a fresh AOF
-    redis_url, redis = start_redis_server(redis_dir, persist=True)
     results: dict[str, Any] = {}
-    try:
-        reset_url = RedisDesiredState(redis_url, NAMESPACE)
-        reset_url.write(DesiredState(production=GOOD, revision=1), 0)
-        reset_url.close()
+    with private_redis(directory) as redis_url:
         with serving(gateway_settings(root, redis_url)) as (url, gateway):
             stack = Stack(
                 root, redis_url, url, gateway, population(dataset, "all"), Preferences(dataset)
@@ -783,9 +799,6 @@ async def run_all(directory: Path, only: tuple[str, ...], repetitions: int, rate
             result["ok"] = judge("triton", result)
             results["triton"] = result
             print(table("triton", result), flush=True)
-    finally:
-        redis.terminate()
-        redis.wait(timeout=10)
     return {
         "plan": {
             "weights": list(PLAN.weights),

@@ -138,7 +138,7 @@ class LoggedEvents(_Strict):
         20, ge=1, description="A user or item may always have this many organic rows."
     )
     max_unvouched_holdout_share: float = Field(
-        0.5,
+        0.2,
         gt=0,
         le=1,
         description="A holdout more than this share organic events (not the base data set) "
