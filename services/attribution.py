@@ -16,7 +16,10 @@ from services.stores.base import Answer
 SERVED = "served"
 ORGANIC = "organic"
 UNTRUSTED = ("unknown_request", "user_mismatch", "item_not_shown")
-TRUST_LEVELS = (SERVED, ORGANIC, *UNTRUSTED)
+TRUST_LEVELS = (SERVED, ORGANIC, *UNTRUSTED)  # what the gateway gives an event
+# Events the operator's own tools write into the streams (``pipelines.retrain.replay``): as
+# trusted as the base data set. The gateway never gives this level (clients cannot claim it).
+IMPORTED = "imported"
 
 
 def vouch(

@@ -15,7 +15,7 @@ retrieval positive = rating >= 3, ranking label = rating >= 4, rating 3 dropped)
 
 Each row also says whether it is ``served``: derived from an answer the gateway logged (an
 event the gateway vouched for as ``served``, see ``pipelines.retrain.evidence``, or a
-skip-above negative), and which ``source`` (client key) sent it.
+skip-above negative), its ``trust`` level and which ``source`` (client key) sent it.
 The serving models chose what such rows show, so the gate never judges them (they favour
 production: see ``pipelines.split.holdout_split``); they train later candidates once older
 than the holdout window. Events without one (the user's own choices, or replayed data)
@@ -38,7 +38,7 @@ import pandas as pd
 from pipelines.data.schema import INTERACTION_COLUMNS, RawDataset, oldest, oldest_rows
 from pipelines.split import Split, holdout_split, judged_window
 from pipelines.validation.holdout import Holdout
-from services.attribution import SERVED
+from services.attribution import ORGANIC, SERVED
 
 __all__ = ["Learnt", "TrainingData", "combine", "logged_interactions", "oldest", "oldest_rows"]
 
@@ -58,13 +58,14 @@ def _frame(rows: pd.DataFrame, rating: float) -> pd.DataFrame:
             "rating": np.full(len(rows), rating, np.float32),
             "timestamp": rows["timestamp"].to_numpy(np.int64),
             "served": rows["served"].to_numpy(bool),
+            "trust": rows["trust"].to_numpy(object),
             "source": rows["source"].to_numpy(object),
         }
     )
 
 
 def logged_interactions(feedback: pd.DataFrame, impressions: pd.DataFrame) -> pd.DataFrame:
-    """Rows (user_id, item_id, rating, timestamp, served, source) from parsed impressions
+    """Rows (user_id, item_id, rating, timestamp, served, trust, source) from parsed impressions
     and the feedback ``pipelines.retrain.evidence.vouched_feedback`` kept."""
     feedback = feedback.assign(served=(feedback["trust"] == SERVED).to_numpy(bool))
     clicks = feedback[feedback["type"] == "click"].drop_duplicates(
@@ -73,12 +74,12 @@ def logged_interactions(feedback: pd.DataFrame, impressions: pd.DataFrame) -> pd
     clicked_pairs = clicks[["user_id", "item_id"]].drop_duplicates()
 
     shown = feedback[feedback["type"] == "impression"][
-        ["user_id", "item_id", "timestamp", "served", "source"]
+        ["user_id", "item_id", "timestamp", "served", "trust", "source"]
     ]
 
     with_click = clicks[clicks["served"]][["request_id", "item_id"]]
     sets = impressions[impressions["request_id"].isin(with_click["request_id"])]
-    skipped = pd.DataFrame(columns=["user_id", "item_id", "timestamp", "served", "source"])
+    skipped = pd.DataFrame(columns=["user_id", "item_id", "timestamp", "served", "trust", "source"])
     if len(sets):
         exploded = sets[["request_id", "user_id", "timestamp", "items"]].explode("items")
         exploded = exploded.rename(columns={"items": "item_id"})
@@ -92,7 +93,7 @@ def logged_interactions(feedback: pd.DataFrame, impressions: pd.DataFrame) -> pd
         ranked["lowest"] = ranked["request_id"].map(lowest)
         skipped = ranked[~hit & (ranked["rank"] < ranked["lowest"])][
             ["user_id", "item_id", "timestamp"]
-        ].assign(served=True, source=ANSWER_LOG)
+        ].assign(served=True, trust=SERVED, source=ANSWER_LOG)
     negatives = pd.concat([shown, skipped], ignore_index=True)
     negatives = negatives.merge(
         clicked_pairs, on=["user_id", "item_id"], how="left", indicator=True
@@ -146,6 +147,7 @@ class TrainingData:
     window_rows: int = 0  # the judged window, with the rows production learnt
     learnt_in_window: int = 0
     sources: np.ndarray | None = None  # per combined row: BASE_SOURCE or the client's source
+    unvouched: np.ndarray | None = None  # per combined row: an organic event (no one vouches)
 
     def holdout_sources(self) -> Counter:
         """Rows of the judged holdout per source (the base data set, or a client)."""
@@ -155,10 +157,12 @@ class TrainingData:
 
     def unvouched_share(self) -> float:
         """The share of the holdout no one vouches for: logged organic events (the base
-        data set is the operator's own; served rows are never judged)."""
-        counts = self.holdout_sources()
-        total = sum(counts.values())
-        return (total - counts[BASE_SOURCE]) / total if total else 0.0
+        data set and imported events are the operator's own; served rows are never
+        judged)."""
+        test = self.split.test
+        if self.unvouched is None or not len(test):
+            return 0.0
+        return float(self.unvouched[test].mean())
 
     def holdout_notes(self) -> list[str]:
         """What the holdout is made of (for the verdict)."""
@@ -237,6 +241,9 @@ def combine(
         np.full(len(base.interactions), BASE_SOURCE, dtype=object),
         logged_sources.fillna("").replace("", "unknown").to_numpy(object),
     ]
+    n_base = len(base.interactions)
+    organic = (kept["trust"] == ORGANIC).to_numpy(bool) if "trust" in kept else ~served[n_base:]
+    unvouched = np.r_[np.zeros(n_base, bool), organic]
     digest = hashlib.sha256(base.content_hash().encode())
     for column in INTERACTION_COLUMNS:
         digest.update(np.ascontiguousarray(kept[column].to_numpy()).tobytes())
@@ -257,4 +264,5 @@ def combine(
         window_rows=len(window),
         learnt_in_window=int(mask[window].sum()),
         sources=sources,
+        unvouched=unvouched,
     )

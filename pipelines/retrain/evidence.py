@@ -5,6 +5,8 @@ The gateway stores every event with the trust level it vouched for (``services.a
 served rows; ``organic`` events (no answer named) are a legitimate source, but bounded: no
 user and no item may weigh more than its cap of the organic rows, so one client, user or
 item cannot dominate a retrain or the gate's holdout; untrusted events never become rows.
+``imported`` events (written by the operator's own tools, e.g. a replay) count as the base
+data does.
 Events logged before trust levels existed are vouched for here, by the same rules, against
 the impression snapshots. The rules run over every snapshot at every retrain, so a forged
 event never persists into a later one.
@@ -21,7 +23,7 @@ import pandas as pd
 from pipelines.retrain.dataset import TrainingData, logged_interactions
 from pipelines.validation.config import LoggedEvents
 from pipelines.validation.verdict import Check
-from services.attribution import ORGANIC, SERVED
+from services.attribution import IMPORTED, ORGANIC, SERVED
 
 LEGACY_SOURCE = "legacy"  # events stored before the gateway recorded a source
 
@@ -50,7 +52,7 @@ def vouched_feedback(
     if legacy.any():
         feedback.loc[legacy, "trust"] = _vouch_from_log(feedback[legacy], impressions)
         feedback.loc[legacy & (feedback["source"] == ""), "source"] = LEGACY_SOURCE
-    kept = feedback["trust"].isin([SERVED, ORGANIC])
+    kept = feedback["trust"].isin([SERVED, ORGANIC, IMPORTED])
     dropped = Counter(f"untrusted_{t}" for t in feedback.loc[~kept, "trust"])
     return feedback[kept].reset_index(drop=True), dropped
 
@@ -86,7 +88,7 @@ def bound_organic(rows: pd.DataFrame, caps: OrganicCaps) -> tuple[pd.DataFrame, 
     """``rows`` (``logged_interactions``' output) with each user's and each item's organic
     rows cut to their cap, what was cut (``capped_user``, ``capped_item``), and a note per
     user or item that was capped (for the gate's report)."""
-    organic = ~rows["served"].to_numpy(bool)
+    organic = (rows["trust"] == ORGANIC).to_numpy(bool)
     total = int(organic.sum())
     if total == 0:
         return rows, Counter(), []

@@ -6,8 +6,9 @@ rated item first and popular items after it; a click when the rating is >= 4, an
 ``impression`` event (shown, not clicked) when it is <= 2, nothing for a 3 (neutral, as the
 ranking protocol drops it). Event times are the interactions' own, so the replayed traffic
 is newer than the base. Its events are the users' own choices, not answers of a served
-model (which would favour that model in the gate), so they carry no ``request_id``: the
-retrain judges them like the base data (rows of served answers are retrieval positives
+model (which would favour that model in the gate), so they carry no ``request_id``, and the
+operator wrote them (trust ``imported``, source ``replay``): the retrain judges them like the
+base data (rows of served answers are retrieval positives
 only, see ``pipelines.retrain.dataset``), and skip-above derives nothing from the filler.
 """
 
@@ -17,9 +18,11 @@ import numpy as np
 import pandas as pd
 
 from pipelines.data.schema import RawDataset
+from services.attribution import IMPORTED
 from services.stores.base import OnlineStore
 
 BATCH = 1000
+REPLAY_SOURCE = "replay"
 
 
 def replay_records(
@@ -59,6 +62,8 @@ def replay_records(
                 "model_version": str(model_version),
                 "timestamp": str(int(ts)),
                 "event_id": f"{request_id}-{int(item)}",
+                "trust": IMPORTED,
+                "source": REPLAY_SOURCE,
             }
         )
     return feedback, impressions

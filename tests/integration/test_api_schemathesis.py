@@ -20,7 +20,8 @@ from tests.integration.served_app import served_app
 pytestmark = pytest.mark.integration
 
 EXAMPLES = 30  # per operation in the fuzzing phase
-ADMIN_TOKEN = "schemathesis-admin-token"  # sent to every operation; the admin ones need it
+# sent to every operation: the admin token and a feedback key (those operations need one)
+ADMIN_TOKEN = "schemathesis-admin-token"
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +29,7 @@ def gateway_url(exported: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     settings = Settings(
         artifacts=exported,
         admin={"token": ADMIN_TOKEN},  # the webhook is exercised too, its queue kept aside
+        feedback={"keys": [ADMIN_TOKEN], "require_durable": False},
         retrain_trigger={"queue_file": tmp_path_factory.mktemp("queue") / "queue.json"},
     )
     with served_app(settings) as url:

@@ -92,6 +92,7 @@ def _organic(users: np.ndarray, items: np.ndarray, start: int = 0) -> pd.DataFra
             "rating": np.full(count, 5.0, np.float32),
             "timestamp": np.arange(start, start + count),
             "served": np.zeros(count, bool),
+            "trust": "organic",
             "source": "key:attacker",
         }
     )
@@ -101,7 +102,9 @@ def test_one_user_or_item_cannot_dominate_the_organic_rows() -> None:
     rng = np.random.default_rng(0)
     genuine = _organic(rng.integers(0, 500, 1000), rng.integers(0, 300, 1000))
     flood = _organic(rng.integers(0, 500, 9000), np.full(9000, 1500), start=1000)
-    served = _organic(np.full(50, 3), np.full(50, 1500), start=20_000).assign(served=True)
+    served = _organic(np.full(50, 3), np.full(50, 1500), start=20_000).assign(
+        served=True, trust="served"
+    )
     rows = pd.concat([genuine, flood, served], ignore_index=True)
     kept, dropped, notes = bound_organic(rows, OrganicCaps(0.02, 0.02, 20))
     cap = int(0.02 * 10_000)
@@ -180,3 +183,16 @@ def test_a_holdout_mostly_unvouched_fails_the_gate_with_the_reason() -> None:
     assert not check.passed and check.name == "holdout.unvouched_share"
     assert check.value is not None and check.value > config.max_unvouched_holdout_share
     assert "no logged answer vouches for" in check.detail and "key:aaaa" in check.detail
+
+
+def test_imported_events_count_as_the_base_data_does() -> None:
+    """What the operator's own tools wrote (a replay): kept, never capped, not unvouched."""
+    feedback = _feedback(
+        [(f"{n}-0", n % 600, 1500, "click", 10_000 + n, 1, "") for n in range(2000)],
+        trust=["imported"] * 2000,
+    )
+    config = LoggedEvents()
+    rows, left_out, notes = logged_rows(feedback, _impressions({}), config)
+    assert len(rows) == 2000 and not left_out and not notes  # one item, yet nothing capped
+    data = combine(_raw(3000), rows)
+    assert data.unvouched_share() == 0.0 and unvouched_check(data, config).passed
