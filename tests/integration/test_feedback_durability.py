@@ -9,6 +9,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from pydantic import SecretStr
 
 from services.api.app import create_app
 from services.embedding_cache.backing import RedisRows
@@ -18,11 +19,11 @@ from services.local_redis import start_redis_server
 from services.materialize import materialize_embeddings
 from services.settings import FeedbackSettings, RedisSettings, Settings
 from services.stores.redis import RedisStore
-from tests.conftest import FEEDBACK_HEADERS
+from tests.conftest import FEEDBACK_HEADERS, TEST_FEEDBACK_KEY
 
 pytestmark = pytest.mark.integration
 
-STRICT = FeedbackSettings(require_durable=True)
+STRICT = FeedbackSettings(require_durable=True, keys=[SecretStr(TEST_FEEDBACK_KEY)])
 
 
 class RedisProcess:
