@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 
 from pipelines.errors import CascadeError
 from services.api.credentials import KeyRing, feedback_auth
+from services.api.docs import add_offline_docs
 from services.api.fast_recommend import RecommendFastPath
 from services.api.limits import BodySizeLimit
 from services.api.routes import alerts, feedback, health, recommend
@@ -65,7 +66,10 @@ def create_app(settings: Settings | None = None, gateway: Gateway | None = None)
         version="0.1.0",
         lifespan=lifespan,
         description="Multi-stage recommendation: retrieval, filtering, scoring, ordering.",
+        docs_url=None,  # served from the package by add_offline_docs, not from a CDN
+        redoc_url=None,
     )
+    add_offline_docs(app)
     app.state.feedback_keys = KeyRing(resolved.feedback.keys, resolved.feedback.keys_file)
     for module in (recommend, feedback, health, alerts):
         app.include_router(module.router)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 
 import httpx
@@ -81,6 +82,19 @@ async def test_openapi_documents_every_status_the_routes_give(client: httpx.Asyn
     paths = (await client.get("/openapi.json")).json()["paths"]
     for route in ("/v1/recommend", "/v1/feedback"):
         assert {"200", "400", "413", "422", "503"} <= set(paths[route]["post"]["responses"])
+    assert "401" in paths["/v1/feedback"]["post"]["responses"]  # no or a wrong client key
+
+
+async def test_the_api_docs_load_without_internet_access(client: httpx.AsyncClient) -> None:
+    """/docs links only assets the gateway serves itself (a CDN is blank offline)."""
+    page = await client.get("/docs")
+    assert page.status_code == 200 and "swagger-ui" in page.text
+    links = re.findall(r"""(?:src|href)=["']([^"']+)["']""", page.text)
+    assert links and not [link for link in links if "//" in link]  # nothing off the host
+    for link in links:
+        asset = await client.get(link)
+        assert asset.status_code == 200 and len(asset.content) > 500, link
+    assert (await client.get("/redoc")).status_code == 404  # it loads from a CDN: not served
 
 
 async def test_feedback_model_versions_never_create_new_series(client: httpx.AsyncClient) -> None:
