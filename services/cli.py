@@ -151,12 +151,7 @@ def _serve_parser(commands: Any) -> None:
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind")
     parser.add_argument("--port", type=opt.port, default=8080, help="port of the gateway")
-    parser.add_argument(
-        "--artifacts",
-        type=Path,
-        default=None,
-        help="export root (default: CASCADE_ARTIFACTS or ./artifacts)",
-    )
+    opt.add_artifacts(parser)
     parser.add_argument(
         "--triton", action="store_true", help="start a local Triton server and use it"
     )
@@ -206,9 +201,7 @@ def _materialize_parser(commands: Any) -> None:
         description="Write every user of a release (attributes, recent history, seen items) into "
         "the Redis at CASCADE_REDIS__URL (or --redis-url), pipelined and versioned.",
     )
-    parser.add_argument(
-        "--artifacts", type=Path, default=None, help="export root (default: ./artifacts)"
-    )
+    opt.add_artifacts(parser)
     parser.add_argument(
         "--version", type=opt.positive_int, default=None, help="release version (default: latest)"
     )
@@ -405,17 +398,35 @@ def _commands() -> dict[str, tuple[Callable[[Any], None], Callable[[argparse.Nam
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("cascade-recsys")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """``cascade`` and every subcommand, each option's help ending with its default."""
     parser = argparse.ArgumentParser(
         prog="cascade",
         description="Cascade: multi-stage recommendation.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"cascade {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
-    table = _commands()
-    for add_parser, _ in table.values():
+    for add_parser, _ in _commands().values():
         add_parser(commands)
+    for command in commands.choices.values():
+        command.formatter_class = opt.HelpWithDefaults
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    table = _commands()
     args = parser.parse_args(argv)
     if args.command == "serve":  # a line per state change and one when ready, with times
         logging.basicConfig(

@@ -132,3 +132,27 @@ def writable_dir(path: Path) -> Path:
         os.close(descriptor)
         os.unlink(probe)
     return path
+
+
+ARTIFACTS_HELP = "export root (default: CASCADE_ARTIFACTS, else ./artifacts)"
+
+
+def add_artifacts(parser: argparse.ArgumentParser) -> None:
+    """``--artifacts``: the one definition every command that reads the export root uses."""
+    parser.add_argument("--artifacts", type=Path, default=None, help=ARTIFACTS_HELP)
+
+
+class HelpWithDefaults(argparse.HelpFormatter):
+    """Every option's help ends with its default, unless the help already says what it is
+    (``default`` in the text: the way to explain an unset value); flags and unset values
+    show none rather than ``(default: None)``."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        silent = (
+            "default" in text.lower()
+            or action.default in (None, argparse.SUPPRESS)
+            or action.nargs == 0  # flags: store_true, store_const, --help, --version
+            or not action.option_strings
+        )
+        return text if silent else f"{text} (default: %(default)s)"

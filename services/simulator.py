@@ -319,7 +319,6 @@ def add_parser(commands: Any) -> None:
         "preference model draws (MovieLens ratings, or the synthetic generator's latent "
         "affinity). Prints impressions, clicks, CTR and hit rate per model version; the last "
         "line is one JSON object.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     plan = SimulationPlan()
     parser.add_argument("--url", default=plan.url, help="the gateway")
@@ -372,14 +371,15 @@ def add_parser(commands: Any) -> None:
         type=opt.non_negative_float,
         default=None,
         metavar="SECONDS",
-        help="switch to the --shift-to population this many seconds into the run",
+        help="switch to the --shift-to population this many seconds into the run (default: "
+        "no shift)",
     )
     parser.add_argument(
         "--shift-to",
         choices=POPULATIONS,
         default=None,
         help="the population requests come from after --shift-at (heavy: the most active "
-        "tenth; new: unknown users, cold starts; young/old: an age shift)",
+        "tenth; new: unknown users, cold starts; young/old: an age shift; default: none)",
     )
     parser.add_argument(
         "--feedback-key-file",

@@ -34,9 +34,7 @@ def add_parser(commands: Any) -> None:
         "Exit codes: 0 candidate registered (passed, or --force), 1 rejected by the gate, "
         "2 usage error, 3 error (nothing registered).",
     )
-    parser.add_argument(
-        "--artifacts", type=Path, default=None, help="export root (default: CASCADE_ARTIFACTS)"
-    )
+    opt.add_artifacts(parser)
     parser.add_argument(
         "--state-dir",
         type=Path,
@@ -77,14 +75,14 @@ def add_parser(commands: Any) -> None:
         choices=["shuffled-embeddings"],
         default=None,
         help="FOR DEMOS AND TESTS: permute the item embeddings before the export, so the gate "
-        "must reject the candidate",
+        "must reject the candidate (default: none)",
     )
     parser.add_argument(
         "--gc-keep",
         type=opt.non_negative_int,
         default=None,
         help="after registering, remove old versions beyond the newest N "
-        "(never production, previous production or canary)",
+        "(never production, previous production or canary; default: remove none)",
     )
     parser.add_argument(
         "--lock-ttl",

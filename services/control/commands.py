@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.export.verify import MANIFEST
-from services.cli_options import non_negative_int
+from services.cli_options import add_artifacts, non_negative_int
 from services.control.registry import Registry, VersionRecord, make_registry
 from services.control.retention import collect_garbage, disk_versions, plan_garbage
 
@@ -23,15 +23,6 @@ METRICS = (
     ("ndcg@10", "retrieval", "two_tower", "ndcg@10"),
     ("auc", "ranking", "blend", "auc"),
 )
-
-
-def _artifacts_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--artifacts",
-        type=Path,
-        default=None,
-        help="export root (default: CASCADE_ARTIFACTS or ./artifacts)",
-    )
 
 
 def _open(args: argparse.Namespace) -> tuple[Any, Registry]:
@@ -49,7 +40,7 @@ def versions_parser(commands: Any) -> None:
         "state (candidate, rejected, canary, production, retired; 'unregistered' = on disk "
         "only), creation time, test metrics from its manifest, verdict and failed checks.",
     )
-    _artifacts_option(parser)
+    add_artifacts(parser)
     parser.add_argument("--json", action="store_true", help="one JSON array instead of a table")
 
 
@@ -145,7 +136,7 @@ def gc_parser(commands: Any) -> None:
         "versions not registered yet, the newest version and the --keep newest others; "
         "remove every older version's directories, embedding rows and record.",
     )
-    _artifacts_option(parser)
+    add_artifacts(parser)
     parser.add_argument(
         "--keep",
         type=non_negative_int,

@@ -17,7 +17,6 @@ import asyncio
 import json
 import time
 from contextlib import ExitStack
-from pathlib import Path
 from typing import Any
 
 from services import cli_options as opt
@@ -64,14 +63,13 @@ def add_rollout_parser(commands: Any) -> None:
         "after the last step or roll it back when it is worse, breaks a guardrail, gets no "
         "traffic, or a replica cannot load it. Running it again resumes a running rollout. "
         "Exit code: 0 promoted, 1 rolled back, 3 refused or failed (2: a usage error).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     plan, analysis = RolloutPlan(), AnalysisConfig()
     parser.add_argument(
         "target",
         help="the version to roll out, `candidate` (the newest the gate passed), or `status`",
     )
-    parser.add_argument("--artifacts", type=Path, default=None, help="export root")
+    opt.add_artifacts(parser)
     parser.add_argument(
         "--steps",
         type=opt.increasing_weights,
@@ -307,7 +305,7 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _operator_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--artifacts", type=Path, default=None, help="export root")
+    opt.add_artifacts(parser)
     parser.add_argument("--reason", default="manual", help="recorded in the audit trail")
     parser.add_argument(
         "--wait-s",
