@@ -111,8 +111,8 @@ def ranked_tops(
         block = max(1, min(batch, SCORES_PER_CHUNK // max(scores.shape[1], 1)))
         for row, u in enumerate(chunk):
             scores[row, seen[u]] = -np.inf
-        # torch.topk: about 2.5x faster than np.argpartition + argsort over a 1M-item row,
-        # and 1.6x faster again on 2 cores than on the training step's one thread
+        # torch.topk on every core: the fastest top-k of a 1M-item row that was measured
+        # (docs/benchmarks/code-notes.md)
         with all_cores():
             best = torch.topk(torch.from_numpy(scores), min(k, scores.shape[1]), dim=1)
         yield from zip(chunk.tolist(), best.indices.numpy(), strict=True)

@@ -2,7 +2,7 @@
 
 K two-towers trained apart (each its own initialisation and batch order) disagree where the
 data says little, and the sum of their logits ranks better than any one of them (on
-MovieLens-100K, three members gain about 4% NDCG@10 over one; README). The sum needs no
+MovieLens-100K: docs/benchmarks/retriever_variants.md). The sum needs no
 second model at serving time: each member's served query and item vectors are
 concatenated, and the dot product of the concatenations is the sum of the members' dot
 products, temperature x the summed logits. One query tower (ONNX) and one ANN index over

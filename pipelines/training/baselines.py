@@ -89,8 +89,8 @@ class NegativeSampler:
 
 
 def bpr_scores(model: BPRMF) -> Callable[[np.ndarray], np.ndarray]:
-    """Scores of the model's factors by numpy's BLAS (on every core: at
-    1M items 2.4x faster than torch's matmul on the training step's one thread)."""
+    """Scores of the model's factors by numpy's BLAS, on every core (faster than torch's
+    matmul on the training step's one thread: docs/benchmarks/code-notes.md)."""
     users = model.users.weight.detach().cpu().numpy()
     items = model.items.weight.detach().cpu().numpy()
     return lambda chosen: users[chosen] @ items.T

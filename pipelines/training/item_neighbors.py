@@ -26,10 +26,9 @@ import numpy as np
 DIRECTORY = "item_neighbors"  # neighbors.npy and similarity.npy (memory-mappable)
 MAX_PAIRS = 40_000_000  # co-occurring pairs counted at most (about 320 MB while building)
 # Of a request's candidates, how many the neighbour source gives beside the ANN by default:
-# none. Measured (candidate recall at a budget of 300, ANN alone against the union with 25,
-# 50, 100 from the neighbours; the retrieval report's ``candidate_sources``): MovieLens
-# 0.9067 against 0.9066 / 0.9067 / 0.9040; synthetic 5k users x 20k items 0.3280 against
-# 0.3292 / 0.3285 / 0.3191. It pays as the fallback when the query tower cannot answer.
+# none, since adding neighbours to the ANN's candidates did not raise candidate recall
+# (docs/benchmarks/cascade_train.md). It pays as the fallback when the query tower cannot
+# answer.
 DEFAULT_SHARE = 0
 REPORTED_BUDGET = 300  # serving's default candidate count
 REPORTED_SHARE = 25

@@ -164,9 +164,8 @@ def make_optimizers(model: torch.nn.Module, lr: float, weight_decay: float) -> l
     embedding tables.
 
     The dense Adam is the fused one (one kernel over every parameter, on the CPU too). On a
-    CPU, ``torch.optim.Adam`` otherwise runs its per-tensor loop, a dozen ops per parameter:
-    that loop was 40% of DLRM's step and 53% of the two-tower's at 20k items, and fusing it
-    made them 1.28x and 1.57x faster (compute-only samples/s, ``bench/training.py --quick``)."""
+    CPU, ``torch.optim.Adam`` otherwise runs its per-tensor loop, a dozen ops per parameter,
+    a large share of each step (figures: docs/benchmarks/training.md)."""
     sparse = [m.weight for m in model.modules() if isinstance(m, torch.nn.Embedding) and m.sparse]
     sparse_ids = {id(p) for p in sparse}
     dense = [p for p in model.parameters() if id(p) not in sparse_ids]

@@ -2,8 +2,8 @@
 
 uvicorn's httptools protocol writes a response's head and its body as two ``write`` calls,
 and uvloop sends each at once (TCP_NODELAY): two segments per answer, and on loopback each
-send costs the sender the receiver's wake-up (measured ~0.25 ms of CPU per send on a 2-core
-VM). ``CoalescingTransport`` holds a response head until the next write (the body) or until
+send costs the sender the receiver's wake-up (figures: docs/benchmarks/code-notes.md).
+``CoalescingTransport`` holds a response head until the next write (the body) or until
 the response completes or the connection closes, then sends them together. Anything else —
 ``100 Continue``, a refusal written whole — passes straight through.
 """

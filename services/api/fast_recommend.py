@@ -2,7 +2,7 @@
 
 FastAPI spends a good part of a request's CPU around the endpoint: the exception and
 exit-stack middlewares, route matching, the request object, dependency solving, the response
-object (measured in process on the 1M-item release: ~15% of a request). ``RecommendFastPath``
+object (docs/benchmarks/code-notes.md). ``RecommendFastPath``
 answers a well-formed request itself, validated exactly as FastAPI validates it (``json.loads``,
 then the request model in Python mode), with the same answer (``routes.recommend.answer``)
 and the same error body for domain errors (``{"detail": ...}`` with the error's status).

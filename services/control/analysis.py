@@ -1,53 +1,10 @@
 """Canary analysis: one verdict per analysis interval, canary against the concurrently served
 production version, from cumulative per-arm counts (pure functions, no I/O).
 
-Order of the checks, the first that decides wins:
-
-1. **Sample-ratio mismatch** (``halt``, reason ``srm``): the observed split of requests against
-   the configured canary weight, as the always-valid p of a normal-mixture SPRT on the
-   canary's share (``srm_test`` with ``srm_tau``; the statistic is Pearson's chi-square with
-   one degree of freedom, with the variance measured between user clusters when larger), so
-   the test keeps its level over every look of a rollout, as the CTR test does (a one-look
-   chi-square p repeated at every look halts about 1 % of healthy rollouts at p < 0.001).
-   Judged once each arm expects at least ``SRM_MIN_EXPECTED`` requests (the usual validity
-   rule of the normal approximation). A canary that gets no traffic while production gets
-   plenty is a routing fault and halts here; no traffic at all is a ``hold``.
-2. **Guardrails** (``fail`` at once, reasons ``error_rate``, ``degraded_rate``, ``latency``), judged
-   once both arms have ``min_requests``. A rate breaches when its increase over production is above
-   the configured maximum *and* the always-valid confidence sequence below says the canary's rate
-   is higher at all (lower bound > 0), so noise in a small window does not roll back a good
-   canary however often we look. p99 latency breaches when canary / production > ``max_p99_ratio``
-   and the canary's p99 is also ``max_p99_increase_ms`` above production's
-   (only p99s are reported, so this one is a plain threshold).
-3. **KPI** on CTR = clicks / impressions, judged once both arms have ``min_impressions``: ``fail``
-   (``kpi_worse``) when the confidence sequence for ``theta = CTR_canary - CTR_production`` lies
-   entirely below 0; ``pass`` (``kpi_pass``) when its lower bound is above
-   ``-non_inferiority_margin * CTR_production`` and every guardrail was judged and passed;
-   otherwise ``hold`` (``insufficient_data``). Hit rate (hits / requests) gets the same statistics
-   in ``Decision.values`` but does not decide.
-
-The sequential test is the normal-mixture SPRT (Robbins 1970; Johari, Pekelis & Walsh 2017,
-"Always valid inference", KDD). With ``theta_hat ~ N(theta, s2)`` and the mixing prior
-``theta ~ N(0, t2)``::
-
-    Lambda = sqrt(s2 / (s2 + t2)) * exp(t2 * theta_hat^2 / (2 * s2 * (s2 + t2)))
-    p      = min over looks of min(1, 1 / Lambda)                 (always-valid p-value)
-    CS     = theta_hat +- sqrt(s2 * (s2 + t2) / t2 * (log((s2 + t2) / s2) + 2 * log(1 / alpha)))
-
-The confidence sequence covers theta at every look at once with probability >= 1 - alpha, and
-excludes 0 exactly when that look's p < alpha. ``s2 = v1 + v2``, per arm the larger of the
-binomial ``q (1 - q) / n`` with ``q = (x + 0.5) / (n + 1)`` (the half pseudo-count keeps it
-positive when an arm has no clicks, or only clicks, yet) and the variance measured between
-clusters of users (``ArmStats.ctr_variance``): users differ and come back, so impressions are
-not independent trials, and the binomial variance alone made A/A rollouts fail about three
-times as often as alpha in simulation. The difference itself uses the raw rates. Counts above their
-denominator (a click whose impression was dropped from the bounded log) are capped.
-
-The mixing sd for CTR is ``mixture_tau`` times production's CTR: the CS is narrowest where
-``t2 / s2`` is about 8, so a prior sd near the effects we act on (a 5 % margin, drops of 10-20 %)
-makes the bound tightest when those are being decided. Plugging in the estimated CTR makes the
-mixture slightly data-dependent; the A/A simulation in the tests checks the error rate holds.
-For the guardrail rates the mixing sd is the allowed increase itself.
+The checks, the first that decides wins: sample-ratio mismatch (``halt``), guardrails
+(``fail``), then the CTR test (``fail`` / ``pass`` / ``hold``), each with an always-valid
+sequential test so that looking at every interval keeps its error rate. The statistics, and
+why each choice was made: docs/continuous-training.md, "The rollout's analysis".
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """A minimal Redis connection for the cache's miss reads: one socket, hiredis parsing.
 
 A cache miss costs one MGET on the request path, so client overhead counts: redis-py spends
-about 0.25 ms of Python per call on top of the round trip (connection pool, per-argument
-encoding, response callbacks); this sends the packed command and parses the reply in C.
+Python time per call on top of the round trip (connection pool, per-argument encoding,
+response callbacks; figures: docs/benchmarks/code-notes.md); this sends the packed command
+and parses the reply in C.
 Only ``redis://`` URLs (host, port, optional password and db); anything else (TLS, unix
 sockets) keeps using redis-py. Not thread-safe: one connection per thread.
 """

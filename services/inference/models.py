@@ -116,7 +116,7 @@ def embeddings_for(directory: Path, settings: Settings | None = None) -> Embeddi
 
     # The cache's CPU gathers are a few thousand rows: torch's intra-op pool does not speed
     # them up, and its spinning workers steal cores from the rest of the serving process
-    # (measured: 7.5 ms of CPU per 4 ms ranker call with the pool, 4.3 ms without).
+    # (docs/benchmarks/code-notes.md).
     torch.set_num_threads(1)
     return HierarchicalEmbeddingCache(
         backing,

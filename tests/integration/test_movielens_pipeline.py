@@ -2,7 +2,8 @@
 
 The README's command trains with the defaults (about 3 minutes on 2 cores, most of it the
 two-tower's 20-30 epochs); here the same command with fewer epochs and rounds (about 1
-minute), which must already beat popularity widely. The defaults' figures are the README's.
+minute), which must already beat popularity widely. The defaults' figures:
+docs/benchmarks/cascade_train.md.
 """
 
 from __future__ import annotations
