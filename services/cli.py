@@ -12,7 +12,6 @@ import json
 import logging
 import signal
 import sys
-import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,34 +22,6 @@ from services import cli_options as opt
 from services import simulator
 from services.exit_codes import EPILOG, fail
 from services.redact import redact_url
-
-
-def _option_type(annotation: Any) -> Any:
-    """The scalar type of a field annotation (``int | None`` -> ``int``)."""
-    if typing.get_origin(annotation) is typing.Literal:
-        return annotation
-    options = [a for a in typing.get_args(annotation) if a is not type(None)]
-    return options[0] if options else annotation
-
-
-def _add_config_options(parser: argparse.ArgumentParser) -> None:
-    """One ``--option`` per TrainConfig field, with the field's description as help."""
-    for name, field in TrainConfig.model_fields.items():
-        kind = _option_type(field.annotation)
-        extra: dict[str, Any] = {"type": kind}
-        if kind in (int, float):  # its bounds and validators, checked as it is parsed
-            extra = {"type": opt.model_field(TrainConfig, name)}
-        elif kind is bool:  # --flag / --no-flag
-            extra = {"action": argparse.BooleanOptionalAction}
-        elif typing.get_origin(kind) is typing.Literal:
-            extra = {"type": str, "choices": list(typing.get_args(kind))}
-        parser.add_argument(
-            f"--{name.replace('_', '-')}",
-            dest=name,
-            default=None,
-            help=f"{field.description or ''} (default: {field.default})",
-            **extra,
-        )
 
 
 def _train_parser(commands: Any) -> None:
@@ -108,7 +79,7 @@ def _train_parser(commands: Any) -> None:
         default=Path("artifacts"),
         help="root of the versioned export (model_repository/ and releases/)",
     )
-    _add_config_options(parser)
+    opt.add_config_options(parser, TrainConfig)
 
 
 def _run_train(args: argparse.Namespace) -> int:

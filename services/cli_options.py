@@ -156,3 +156,32 @@ class HelpWithDefaults(argparse.HelpFormatter):
             or not action.option_strings
         )
         return text if silent else f"{text} (default: %(default)s)"
+
+
+def _option_type(annotation: Any) -> Any:
+    """The scalar type of a field annotation (``int | None`` -> ``int``)."""
+    if typing.get_origin(annotation) is typing.Literal:
+        return annotation
+    options = [a for a in typing.get_args(annotation) if a is not type(None)]
+    return options[0] if options else annotation
+
+
+def add_config_options(parser: argparse.ArgumentParser, config: type[BaseModel]) -> None:
+    """One ``--option`` per field of ``config`` (``TrainConfig``), with the field's
+    description as help; unset options keep the config's value."""
+    for name, field in config.model_fields.items():
+        kind = _option_type(field.annotation)
+        extra: dict[str, Any] = {"type": kind}
+        if kind in (int, float):  # its bounds and validators, checked as it is parsed
+            extra = {"type": model_field(config, name)}
+        elif kind is bool:  # --flag / --no-flag
+            extra = {"action": argparse.BooleanOptionalAction}
+        elif typing.get_origin(kind) is typing.Literal:
+            extra = {"type": str, "choices": list(typing.get_args(kind))}
+        parser.add_argument(
+            f"--{name.replace('_', '-')}",
+            dest=name,
+            default=None,
+            help=f"{field.description or ''} (default: {field.default})",
+            **extra,
+        )

@@ -31,7 +31,7 @@ import secrets
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from services.background import BackgroundTask
 from services.control.desired_state import DesiredState, DesiredStateStore, describe
@@ -40,9 +40,25 @@ from services.release import load_release
 from services.routing import VersionRouter
 
 if TYPE_CHECKING:
-    from services.gateway import Gateway
+    from services.inference.backends import InferenceBackend
+    from services.release import Release
+    from services.settings import Settings
 
 log = logging.getLogger(__name__)
+
+
+class Followed(Protocol):
+    """What the follower changes of a gateway (``services.gateway.Gateway``): the loaded
+    releases, the router, the versions the backend serves. A protocol, so that the follower
+    does not import the gateway that starts it."""
+
+    settings: Settings
+    backend: InferenceBackend
+    releases: dict[int, Release]
+    router: VersionRouter | None
+
+    async def warm_up(self, versions: list[int]) -> None: ...
+
 
 REPORT_TTL_S = 5.0  # at least; 3 intervals when longer (renewed every interval)
 
@@ -52,7 +68,7 @@ class StateFollower:
 
     def __init__(
         self,
-        gateway: Gateway,
+        gateway: Followed,
         store: DesiredStateStore,
         interval_s: float = 1.0,
         keep_previous_s: float = 600.0,

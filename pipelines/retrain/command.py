@@ -15,8 +15,8 @@ from typing import Any
 
 
 def add_parser(commands: Any) -> None:
+    from pipelines.config import TrainConfig
     from services import cli_options as opt
-    from services.cli import _add_config_options
 
     parser = commands.add_parser(
         "retrain",
@@ -100,7 +100,7 @@ def add_parser(commands: Any) -> None:
         "request stays leased while the job runs and is removed once it ran to a verdict; if "
         "the job fails or dies, the next --from-queue run takes it again",
     )
-    _add_config_options(parser)
+    opt.add_config_options(parser, TrainConfig)
 
 
 def run(args: argparse.Namespace) -> int:
