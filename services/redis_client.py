@@ -20,3 +20,25 @@ def sync_client(url: str, timeout_s: float, decode_responses: bool = False) -> r
         socket_timeout=timeout_s,
         socket_connect_timeout=timeout_s,
     )
+
+
+class LazyRedis:
+    """A sync redis-py client made at its first use (no I/O in the constructor) and closed
+    by ``close()``: the control plane's Redis-backed stores share it. Subclasses set
+    ``url`` and ``timeout_s`` (and ``decode_responses``) in their constructor."""
+
+    url: str
+    timeout_s: float
+    decode_responses = False
+    _client: redis.Redis | None = None
+
+    @property
+    def client(self) -> redis.Redis:
+        if self._client is None:
+            self._client = sync_client(self.url, self.timeout_s, self.decode_responses)
+        return self._client
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None

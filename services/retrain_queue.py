@@ -27,7 +27,7 @@ from typing import Any
 
 from pipelines.retrain.state import write_json
 from services.errors import DependencyUnavailable
-from services.redis_client import sync_client
+from services.redis_client import LazyRedis
 from services.settings import Settings
 
 # Decisions of the webhook, the values of cascade_retrain_requests_total{decision}.
@@ -107,8 +107,14 @@ return {'enqueued', id}
 GROUP = "retrain-workers"
 
 
-class RedisRetrainQueue(RetrainQueue):
+class RedisRetrainQueue(LazyRedis, RetrainQueue):
     """The queue in Redis (sync redis-py): shared by every gateway replica and worker."""
+
+    decode_responses = True
+
+    @property
+    def client(self) -> Any:  # replies decoded to str, which redis-py's stubs do not model
+        return super().client
 
     def __init__(
         self,
@@ -122,14 +128,7 @@ class RedisRetrainQueue(RetrainQueue):
         self.stream = f"{namespace}:retrain:requests"
         self.last_key = f"{namespace}:retrain:last_enqueued"
         self.dedup_prefix = f"{namespace}:retrain:dedup:"
-        self._client: Any = None
         self._group_ready = False
-
-    @property
-    def client(self) -> Any:
-        if self._client is None:
-            self._client = sync_client(self.url, self.timeout_s, decode_responses=True)
-        return self._client
 
     @contextlib.contextmanager
     def _errors(self) -> Iterator[None]:
@@ -139,11 +138,6 @@ class RedisRetrainQueue(RetrainQueue):
             yield
         except RedisError as error:
             raise DependencyUnavailable("retrain queue (redis)", type(error).__name__) from None
-
-    def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
 
     def offer(
         self, dedup_key: str, trigger: dict[str, Any], cooldown_s: float, dedup_ttl_s: int

@@ -18,11 +18,10 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 
-import redis
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from pipelines.errors import CascadeError
-from services.redis_client import sync_client
+from services.redis_client import LazyRedis
 
 KEY = "rollout:desired"
 
@@ -128,17 +127,10 @@ def _parse(raw: str | bytes | None, where: str) -> DesiredState | None:
         raise CascadeError(f"the desired state in {where} is invalid: {error}") from None
 
 
-class RedisDesiredState(DesiredStateStore):
+class RedisDesiredState(LazyRedis, DesiredStateStore):
     def __init__(self, url: str, namespace: str = "cascade", timeout_s: float = 0.5) -> None:
         self.url, self.key = url, f"{namespace}:{KEY}"
         self.timeout_s = timeout_s
-        self._client: redis.Redis | None = None
-
-    @property
-    def client(self) -> redis.Redis:
-        if self._client is None:
-            self._client = sync_client(self.url, self.timeout_s)
-        return self._client
 
     def read(self) -> DesiredState | None:
         return _parse(self.client.get(self.key), f"Redis key {self.key}")
@@ -156,11 +148,6 @@ class RedisDesiredState(DesiredStateStore):
 
     def remove_report(self, replica: str) -> None:
         self.client.delete(f"{self.key}:replica:{replica}")
-
-    def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
 
 
 class FileDesiredState(DesiredStateStore):

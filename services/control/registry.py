@@ -48,11 +48,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pipelines.errors import CascadeError
 from pipelines.export.repository import complete_versions
-from services.redis_client import sync_client
+from services.redis_client import LazyRedis
 
 if TYPE_CHECKING:
-    import redis
-
     from services.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -519,20 +517,15 @@ return 0
 """
 
 
-class RedisRegistry(Registry):
+class RedisRegistry(LazyRedis, Registry):
     """The registry in Redis (sync redis-py): what every replica and job reads."""
+
+    decode_responses = True
 
     def __init__(self, url: str, namespace: str = "cascade", timeout_s: float = 5.0) -> None:
         self.url, self.namespace, self.timeout_s = url, namespace, timeout_s
         self.state_key = f"{namespace}:registry:state"
         self.audit_key = f"{namespace}:registry:audit"
-        self._client: redis.Redis | None = None
-
-    @property
-    def client(self) -> redis.Redis:
-        if self._client is None:
-            self._client = sync_client(self.url, self.timeout_s, decode_responses=True)
-        return self._client
 
     @contextlib.contextmanager
     def _errors(self) -> Iterator[None]:
@@ -548,11 +541,6 @@ class RedisRegistry(Registry):
             raise RegistryUnavailable(f"registry at {redact_url(self.url)}: {error}") from None
         except RedisError as error:
             raise RegistryError(f"registry at {redact_url(self.url)}: {error}") from None
-
-    def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
 
     def _read(self) -> _State:
         with self._errors():
