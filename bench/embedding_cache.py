@@ -32,7 +32,7 @@ from publish import publish
 
 from services.embedding_cache.backing import RedisRows
 from services.embedding_cache.cache import CacheConfig, HierarchicalEmbeddingCache
-from services.local_redis import start_redis_server
+from services.util.local_redis import start_redis_server
 
 
 def zipf_stream(alpha: float, rows: int, batches: int, batch: int, seed: int) -> np.ndarray:

@@ -59,7 +59,7 @@ def measure(rate: float, seconds: float, wait_for: Any, stop: Any) -> Probe:
     after a short warm-up, stop it (``wait_for(url, timeout_s)`` and ``stop(process)`` are the
     benchmark's); the probe (the server's CPU under ``http_server``, the load generator's
     under ``load_generator``)."""
-    from services.local_redis import free_port
+    from services.util.local_redis import free_port
 
     port = free_port()
     process = subprocess.Popen(

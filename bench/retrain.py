@@ -38,8 +38,8 @@ from publish import publish
 from pipelines.pipeline import load_dataset
 from pipelines.retrain.replay import replay_records, write_records
 from services.cli import main
-from services.local_redis import start_redis_server
 from services.stores.redis import RedisStore
+from services.util.local_redis import start_redis_server
 
 SMALL_HOLDOUT_GATE = (
     Path(__file__).resolve().parents[1] / "pipelines" / "validation" / "gate-small-holdout.yaml"

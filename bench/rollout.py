@@ -56,9 +56,9 @@ from services.control.registry import RedisRegistry
 from services.control.rollout import RolloutController, RolloutPlan
 from services.control.rollout_state import RedisRolloutLog, RolloutRecord
 from services.gateway import Gateway
-from services.local_redis import free_port, start_redis_server
 from services.simulator import KEEPALIVE_S, Preferences, population, position_bias
 from services.stores.redis import RedisStore
+from services.util.local_redis import free_port, start_redis_server
 
 SIZE = (1000, 1000, 100_000)  # synthetic users, items, interactions
 TRAIN = TrainConfig(two_tower_epochs=5, bpr_epochs=1, dlrm_epochs=4, gbm_rounds=100, eval_users=200)

@@ -61,7 +61,7 @@ from publish import publish
 from serving_floor import compute_floor
 from serving_release import CATALOGS, RESULTS, ROOT, ensure_release, user_ids
 
-from services.local_redis import free_port, start_redis_server
+from services.util.local_redis import free_port, start_redis_server
 
 CONFIGS = ("embedded", "full")
 TARGET_RPS = {"embedded": 600.0, "full": 500.0}  # issue 12's targets at p99 <= 50 ms

@@ -21,7 +21,7 @@ from pipelines.errors import CascadeError, UsageError
 from services import cli_options as opt
 from services import simulator
 from services.exit_codes import EPILOG, fail
-from services.redact import redact_url
+from services.util.redact import redact_url
 
 
 def _train_parser(commands: Any) -> None:

@@ -41,7 +41,6 @@ from pipelines.export.drift_reference import (
     user_values,
 )
 from pipelines.export.verify import file_sha256, manifest_files
-from services.background import BackgroundTask
 from services.context import RequestContext
 from services.drift_window import QuantityStats, VersionWindow
 from services.metrics import (
@@ -57,6 +56,7 @@ from services.metrics import (
 )
 from services.release import Release
 from services.settings import DriftSettings
+from services.util.background import BackgroundTask
 
 log = logging.getLogger(__name__)
 

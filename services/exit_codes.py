@@ -15,7 +15,7 @@ import traceback
 from pydantic import ValidationError
 
 from pipelines.errors import CascadeError, UsageError, WriteError
-from services.redact import redact_text
+from services.util.redact import redact_text
 
 EXIT_OK = 0
 EXIT_REJECTED = 1

@@ -22,7 +22,6 @@ from services.inference.backends import InferenceBackend, LocalBackend
 from services.materialize import materialize
 from services.recommender import Recommender
 from services.release import Release, load_served_releases
-from services.resilience import CircuitBreaker
 from services.routing import VersionRouter
 from services.rules import Rules, load_rules
 from services.settings import Settings
@@ -36,6 +35,7 @@ from services.store_monitor import StoreMonitor
 from services.stores.base import Durability, OnlineStore
 from services.stores.memory import InMemoryStore
 from services.stores.redis import RedisStore
+from services.util.resilience import CircuitBreaker
 
 log = logging.getLogger(__name__)
 

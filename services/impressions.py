@@ -18,10 +18,10 @@ from collections.abc import Container
 
 import numpy as np
 
-from services.background import BackgroundTask
 from services.metrics import IMPRESSION_SETS, IMPRESSIONS, IMPRESSIONS_DROPPED, version_label
 from services.settings import ImpressionSettings
 from services.stores.base import Answer, OnlineStore
+from services.util.background import BackgroundTask
 
 log = logging.getLogger(__name__)
 

@@ -27,8 +27,8 @@ from typing import Any
 
 from pipelines.retrain.state import write_json
 from services.errors import DependencyUnavailable
-from services.redis_client import LazyRedis
 from services.settings import Settings
+from services.util.redis_client import LazyRedis
 
 # Decisions of the webhook, the values of cascade_retrain_requests_total{decision}.
 DECISIONS = ("enqueued", "duplicate", "cooldown", "resolved", "not_retrain")

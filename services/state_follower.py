@@ -33,11 +33,11 @@ import threading
 import time
 from typing import TYPE_CHECKING, Protocol
 
-from services.background import BackgroundTask
 from services.control.desired_state import DesiredState, DesiredStateStore, describe
 from services.metrics import CANARY_WEIGHT, ROLLOUT_REVISION, VERSION_LOAD_FAILURES, version_label
 from services.release import load_release
 from services.routing import VersionRouter
+from services.util.background import BackgroundTask
 
 if TYPE_CHECKING:
     from services.inference.backends import InferenceBackend

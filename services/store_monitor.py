@@ -13,10 +13,10 @@ import contextlib
 import logging
 from pathlib import Path
 
-from services.background import BackgroundTask
 from services.materialize import materialize
 from services.metrics import ONLINE_STORE_STATE, STORE_STATES
 from services.stores.base import Durability, OnlineStore
+from services.util.background import BackgroundTask
 
 log = logging.getLogger(__name__)
 

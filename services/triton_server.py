@@ -32,13 +32,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pipelines.errors import CascadeError
-from services.child_process import (
+from services.inference.triton import CONTROL_KEY_HEADER
+from services.util.child_process import (
     die_with_parent,
     listening_addresses,
     port_in_use,
 )
-from services.inference.triton import CONTROL_KEY_HEADER
-from services.rotating_log import RotatingLog
+from services.util.rotating_log import RotatingLog
 
 log = logging.getLogger(__name__)
 

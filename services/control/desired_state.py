@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from pipelines.errors import CascadeError
-from services.redis_client import LazyRedis
+from services.util.redis_client import LazyRedis
 
 KEY = "rollout:desired"
 

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pipelines.errors import CascadeError
 from pipelines.export.repository import complete_versions
-from services.redis_client import LazyRedis
+from services.util.redis_client import LazyRedis
 
 if TYPE_CHECKING:
     from services.settings import Settings
@@ -533,7 +533,7 @@ class RedisRegistry(LazyRedis, Registry):
         from redis.exceptions import RedisError
         from redis.exceptions import TimeoutError as RedisTimeoutError
 
-        from services.redact import redact_url
+        from services.util.redact import redact_url
 
         try:
             yield

@@ -172,7 +172,7 @@ class _EmbeddingRows:
         import redis
         from redis.exceptions import RedisError
 
-        from services.redact import redact_url
+        from services.util.redact import redact_url
 
         prefix = f"{self.namespace}:emb:v{version}:"
         try:

@@ -23,7 +23,7 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from services.control.analysis import ArmStats
-from services.redis_client import sync_client
+from services.util.redis_client import sync_client
 
 Status = Literal["running", "promoted", "rolled_back"]
 Action = Literal["rollback", "promote"]

@@ -19,7 +19,7 @@ import numpy as np
 import redis
 
 from services.embedding_cache.resp import RespConnection
-from services.redis_client import sync_client
+from services.util.redis_client import sync_client
 
 WRITE_CHUNK = 20_000
 CLIENT_NAME = "cascade-embedding-cache"  # of the read connections, in CLIENT LIST

@@ -41,8 +41,8 @@ from services.embedding_cache.backing import RedisRows
 from services.embedding_cache.metrics import DEFAULTS, EVICTIONS, LOOKUP_SECONDS, LOOKUPS
 from services.embedding_cache.tier import CacheTier, Policy
 from services.inference.embeddings import EmbeddingLookup
-from services.resilience import CircuitBreaker
 from services.settings import BreakerSettings
+from services.util.resilience import CircuitBreaker
 
 if TYPE_CHECKING:
     from services.settings import EmbeddingCacheSettings

@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 from services.context import RequestContext
 from services.errors import DependencyUnavailable
-from services.resilience import CircuitBreaker
 from services.stores.base import OnlineStore
+from services.util.resilience import CircuitBreaker
 
 
 class FeaturesStage:

@@ -24,7 +24,7 @@ from services.errors import DependencyUnavailable
 from services.inference.backends import InferenceBackend
 from services.metrics import RETRIEVED
 from services.release import Release
-from services.resilience import CircuitBreaker
+from services.util.resilience import CircuitBreaker
 
 FROM_ANN = RETRIEVED.labels(source="ann")
 FROM_NEIGHBORS = RETRIEVED.labels(source="item_neighbors")

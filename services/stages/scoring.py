@@ -15,8 +15,8 @@ from services.context import RequestContext
 from services.errors import DependencyUnavailable
 from services.inference.backends import InferenceBackend
 from services.release import Release
-from services.resilience import CircuitBreaker
 from services.stages.retrieval import ModelStage
+from services.util.resilience import CircuitBreaker
 
 # Sees each scored request: (ctx, sparse, dense, probabilities); drift counting, never raises.
 ScoredObserver = Callable[[RequestContext, np.ndarray, np.ndarray, np.ndarray], None]

@@ -17,11 +17,11 @@ from services.api.app import create_app
 from services.embedding_cache.backing import RedisRows
 from services.gateway import Gateway
 from services.inference.triton import TritonBackend
-from services.local_redis import free_port, start_redis_server
 from services.materialize import materialize_embeddings, user_records
 from services.settings import BreakerSettings, RedisSettings, Settings, TritonSettings
 from services.stores.memory import InMemoryStore
 from services.stores.redis import RedisStore
+from services.util.local_redis import free_port, start_redis_server
 from tests.conftest import FEEDBACK_HEADERS
 from tests.unit.services.fakes import FaultyBackend
 

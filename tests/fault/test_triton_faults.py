@@ -13,10 +13,10 @@ import pytest
 from services.api.app import create_app
 from services.embedding_cache.backing import RedisRows
 from services.gateway import Gateway
-from services.local_redis import free_port, start_redis_server
 from services.materialize import materialize, materialize_embeddings
 from services.settings import RedisSettings, Settings, TritonSettings
 from services.triton_server import TritonServer, TritonUnavailable, wheel_directory
+from services.util.local_redis import free_port, start_redis_server
 from tests.conftest import FEEDBACK_HEADERS
 
 pytestmark = pytest.mark.integration

@@ -31,7 +31,7 @@ import httpx
 import pytest
 import yaml
 
-from services.local_redis import free_port
+from services.util.local_redis import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "monitoring" / "prometheus"

@@ -31,10 +31,10 @@ from pipelines.pipeline import run_pipeline
 from services.control.desired_state import DesiredState, RedisDesiredState
 from services.control.registry import RedisRegistry
 from services.embedding_cache.backing import RedisRows
-from services.local_redis import free_port, start_redis_server
 from services.materialize import materialize_embeddings
 from services.settings import FollowSettings, RedisSettings, Settings, TritonSettings
 from services.triton_server import TritonServer
+from services.util.local_redis import free_port, start_redis_server
 from tests.integration.served_app import served_app
 
 NAMESPACE = "cascade"  # gateway, controller and the ranker's cache share the defaults

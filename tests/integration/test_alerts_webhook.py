@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
-from services.local_redis import free_port
 from services.retrain_queue import FileRetrainQueue
 from services.settings import Settings
+from services.util.local_redis import free_port
 from tests.integration.monitoring_servers import (
     Alertmanager,
     Prometheus,

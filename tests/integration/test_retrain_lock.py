@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from services.control.registry import LockHeld, RedisRegistry
-from services.local_redis import start_redis_server
+from services.util.local_redis import start_redis_server
 from tests.integration import control_processes as processes
 
 pytestmark = pytest.mark.integration

@@ -16,8 +16,8 @@ import pytest
 
 from bench import rollout as loop
 from services.control.desired_state import DesiredState, RedisDesiredState
-from services.local_redis import start_redis_server
 from services.simulator import Preferences, population
+from services.util.local_redis import start_redis_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -15,7 +15,7 @@ import redis
 from services.cli import main
 from services.control.desired_state import make_desired_state_store
 from services.control.registry import FileRegistry, RedisRegistry, Registry, VersionState
-from services.local_redis import start_redis_server
+from services.util.local_redis import start_redis_server
 from tests.integration import control_processes as processes
 
 pytestmark = pytest.mark.integration

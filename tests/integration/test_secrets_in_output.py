@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from services.cli import main
-from services.local_redis import free_port, start_redis_server
+from services.util.local_redis import free_port, start_redis_server
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 from prometheus_client import multiprocess
 
-from services.local_redis import free_port
+from services.util.local_redis import free_port
 from tests.integration.served_app import wait_until_ready
 
 REQUESTS = 60

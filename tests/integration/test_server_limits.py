@@ -17,8 +17,8 @@ import pytest
 import uvicorn
 
 from services.api.server import server_config
-from services.local_redis import free_port
 from services.settings import ServerSettings, Settings
+from services.util.local_redis import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -14,9 +14,9 @@ import pytest
 from pipelines.data.synthetic import make_synthetic
 from services.cli import main
 from services.gateway import Gateway
-from services.local_redis import free_port
 from services.settings import Settings
 from services.simulator import Preferences, SimulationPlan, population, position_bias, simulate
+from services.util.local_redis import free_port
 from tests.conftest import EXPORTED_SIZE
 from tests.integration.served_app import served_app
 

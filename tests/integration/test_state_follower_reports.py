@@ -20,8 +20,8 @@ from services.control.desired_state import (
     FileDesiredState,
     RedisDesiredState,
 )
-from services.local_redis import start_redis_server
 from services.state_follower import StateFollower
+from services.util.local_redis import start_redis_server
 
 pytestmark = pytest.mark.integration
 

@@ -14,10 +14,10 @@ from services.api.app import create_app
 from services.embedding_cache.backing import CLIENT_NAME, RedisRows
 from services.gateway import Gateway
 from services.inference.placement import PlacedBackend
-from services.local_redis import free_port
 from services.materialize import materialize, materialize_embeddings
 from services.settings import RedisSettings, Settings, TritonSettings
 from services.triton_server import TritonServer, TritonUnavailable, wheel_directory
+from services.util.local_redis import free_port
 from tests.conftest import FEEDBACK_HEADERS, redis_url
 
 pytestmark = pytest.mark.integration

@@ -25,14 +25,14 @@ import numpy as np
 import pytest
 
 from services.api.app import create_app
-from services.child_process import listening_addresses, port_in_use
 from services.embedding_cache.backing import RedisRows
 from services.gateway import Gateway
 from services.inference.triton import CONTROL_KEY_HEADER, TritonBackend
-from services.local_redis import free_port
 from services.materialize import materialize_embeddings
 from services.settings import BreakerSettings, Settings, TritonSettings
 from services.triton_server import TritonServer, TritonUnavailable, wheel_directory
+from services.util.child_process import listening_addresses, port_in_use
+from services.util.local_redis import free_port
 from tests.conftest import FEEDBACK_HEADERS, redis_url
 from tests.integration.served_app import wait_until_ready
 

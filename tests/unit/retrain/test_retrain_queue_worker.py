@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from pipelines.retrain.from_queue import run_from_queue
-from services.local_redis import free_port
 from services.retrain_queue import FileRetrainQueue
+from services.util.local_redis import free_port
 
 
 class Job:

@@ -13,9 +13,9 @@ import pytest
 from prometheus_client import REGISTRY
 
 from services.api.app import create_app
-from services.local_redis import free_port
 from services.retrain_queue import FileRetrainQueue
 from services.settings import Settings
+from services.util.local_redis import free_port
 
 TOKEN = "s3cret-admin-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -192,7 +192,7 @@ def test_dedup_is_forgotten_after_its_ttl(make_queue: Callable[..., RetrainQueue
 
 
 def test_an_unreachable_redis_is_a_dependency_error() -> None:
-    from services.local_redis import free_port
+    from services.util.local_redis import free_port
 
     queue = RedisRetrainQueue(f"redis://127.0.0.1:{free_port()}/0", timeout_s=0.5)
     with pytest.raises(DependencyUnavailable, match="retrain queue"):

@@ -11,7 +11,6 @@ import pytest
 from services.context import RequestContext
 from services.metrics import RETRIEVED
 from services.release import Release, load_release
-from services.resilience import CircuitBreaker
 from services.rules import Boost, Diversity, Exclusion, Pin, Rules
 from services.settings import BreakerSettings
 from services.stages.filtering import FilteringStage
@@ -19,6 +18,7 @@ from services.stages.ordering import OrderingStage, diversity_order
 from services.stages.retrieval import RetrievalStage
 from services.stages.scoring import ScoringStage
 from services.stores.base import UserRecord
+from services.util.resilience import CircuitBreaker
 from tests.unit.services.fakes import FaultyBackend
 
 

@@ -5,8 +5,8 @@ import asyncio
 import pytest
 
 from services.errors import DependencyUnavailable
-from services.resilience import CircuitBreaker
 from services.settings import BreakerSettings
+from services.util.resilience import CircuitBreaker
 
 
 class Clock:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from services.rotating_log import RotatingLog
+from services.util.rotating_log import RotatingLog
 
 
 def _files(path: Path) -> list[Path]:

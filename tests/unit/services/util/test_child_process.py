@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from services.child_process import die_with_parent, listening_addresses, port_in_use
+from services.util.child_process import die_with_parent, listening_addresses, port_in_use
 
 
 def test_a_listening_port_is_in_use_and_a_closed_one_is_not() -> None:
@@ -51,7 +51,7 @@ def test_the_child_dies_with_the_parent(tmp_path: Path) -> None:
             sys.executable,
             "-c",
             "import subprocess, sys, time\n"
-            "from services.child_process import die_with_parent\n"
+            "from services.util.child_process import die_with_parent\n"
             "child = subprocess.Popen(['sleep', '300'], preexec_fn=die_with_parent())\n"
             f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
             "time.sleep(300)\n",

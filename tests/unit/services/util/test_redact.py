@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.redact import redact_text, redact_url
+from services.util.redact import redact_text, redact_url
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from services.background import BackgroundTask
+from services.util.background import BackgroundTask
 
 
 async def test_stop_cancels_again_when_a_cancellation_is_swallowed() -> None:
