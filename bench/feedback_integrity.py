@@ -55,10 +55,9 @@ from rollout import (
     Stack,
     Traffic,
     exported,
-    gateway_settings,
     private_redis,
     rollout,
-    serving,
+    served_stack,
     truth,
 )
 
@@ -68,7 +67,6 @@ from pipelines.retrain.evidence import logged_rows, unvouched_check, vouched_fee
 from pipelines.retrain.snapshot import read_since
 from pipelines.validation.config import LoggedEvents
 from services.attribution import SERVED, vouch
-from services.simulator import Preferences, population
 from services.stores.base import Answer
 from services.stores.redis import RedisStore
 
@@ -263,11 +261,7 @@ async def run_all(directory: Path, attacks: tuple[str, ...], rate: float) -> dic
     dataset = truth()
     results: dict[str, Any] = {}
     with private_redis(directory) as redis_url:
-        with serving(gateway_settings(root, redis_url)) as (url, gateway):
-            stack = Stack(
-                root, redis_url, url, gateway, population(dataset, "all"), Preferences(dataset)
-            )
-            stack.rate = rate
+        with served_stack(root, redis_url, rate, dataset) as stack:
             baseline = await rollout(stack, GOOD, BAD, force=True)
             without = f"{baseline['outcome']}:{baseline['reason']}"
             print(f"without an attack: {without} after {baseline['time_to_decision_s']} s")

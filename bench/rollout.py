@@ -769,18 +769,25 @@ def private_redis(directory: Path) -> Iterator[str]:
         redis.wait(timeout=10)
 
 
+@contextlib.contextmanager
+def served_stack(root: Path, redis_url: str, rate: float, dataset: RawDataset) -> Iterator[Stack]:
+    """A gateway following ``redis_url``'s desired state, with ``dataset``'s users who ask it
+    at ``rate`` (the stack object outlives the gateway: scenario 6 reuses it)."""
+    with serving(gateway_settings(root, redis_url)) as (url, gateway):
+        stack = Stack(
+            root, redis_url, url, gateway, population(dataset, "all"), Preferences(dataset)
+        )
+        stack.rate = rate
+        yield stack
+
+
 async def run_all(directory: Path, only: tuple[str, ...], repetitions: int, rate: float) -> dict:
     started = time.monotonic()
     root = await exported(directory)
     built_s = time.monotonic() - started
-    dataset = truth()
     results: dict[str, Any] = {}
     with private_redis(directory) as redis_url:
-        with serving(gateway_settings(root, redis_url)) as (url, gateway):
-            stack = Stack(
-                root, redis_url, url, gateway, population(dataset, "all"), Preferences(dataset)
-            )
-            stack.rate = rate
+        with served_stack(root, redis_url, rate, truth()) as stack:
             for name in only:
                 if name == "triton":
                     continue

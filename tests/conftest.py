@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from pipelines.data.schema import RawDataset
 from pipelines.data.synthetic import make_synthetic
+from services.util.local_redis import start_redis_server
 
 # The shared test Redis does not persist (nor does CI's): gateways in tests accept that, except
 # in the tests of that refusal, which set FeedbackSettings(require_durable=True) themselves.
@@ -70,3 +74,23 @@ def redis_url(db: int = 9) -> str | None:
             return url
     except OSError:
         return None
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A throw-away redis-server on a free loopback port, (url, process), that the test may
+    stop, pause (SIGSTOP) or kill; killed at the end whatever state it is in."""
+    try:
+        url, process = start_redis_server(tmp_path)
+    except FileNotFoundError:
+        pytest.skip("redis-server is not installed (.ci/run installs it)")
+    yield url, process
+    process.send_signal(signal.SIGCONT)
+    process.kill()
+    process.wait()
+
+
+@pytest.fixture
+def private_redis_url(private_redis: tuple[str, subprocess.Popen[bytes]]) -> str:
+    """The URL of ``private_redis``."""
+    return private_redis[0]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -21,7 +21,7 @@ from services.materialize import materialize_embeddings, user_records
 from services.settings import BreakerSettings, RedisSettings, Settings, TritonSettings
 from services.stores.memory import InMemoryStore
 from services.stores.redis import RedisStore
-from services.util.local_redis import free_port, start_redis_server
+from services.util.local_redis import free_port
 from tests.conftest import FEEDBACK_HEADERS
 from tests.unit.services.fakes import FaultyBackend
 
@@ -50,18 +50,6 @@ def _settings(exported: Path, **overrides: object) -> Settings:
     return Settings(artifacts=exported, **overrides)  # type: ignore[arg-type]
 
 
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """A private redis-server this test may stop."""
-    try:
-        url, process = start_redis_server(tmp_path)
-    except FileNotFoundError:
-        pytest.skip("redis-server is not installed (.ci/run installs it)")
-    yield url, process
-    process.kill()
-    process.wait()
-
-
 async def test_redis_unreachable_gives_degraded_cold_start_answers(exported: Path) -> None:
     settings = _settings(
         exported, redis=RedisSettings(url=f"redis://127.0.0.1:{free_port()}/0", timeout_ms=50)
@@ -86,9 +74,9 @@ async def test_redis_unreachable_gives_degraded_cold_start_answers(exported: Pat
 
 
 async def test_redis_stopped_mid_flight_then_breaker_opens(
-    exported: Path, redis_server: tuple[str, subprocess.Popen[bytes]]
+    exported: Path, private_redis: tuple[str, subprocess.Popen[bytes]]
 ) -> None:
-    url, process = redis_server
+    url, process = private_redis
     settings = _settings(
         exported,
         redis=RedisSettings(

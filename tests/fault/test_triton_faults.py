@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -16,32 +16,20 @@ from services.gateway import Gateway
 from services.materialize import materialize, materialize_embeddings
 from services.settings import RedisSettings, Settings, TritonSettings
 from services.triton_server import TritonServer, TritonUnavailable, wheel_directory
-from services.util.local_redis import free_port, start_redis_server
+from services.util.local_redis import free_port
 from tests.conftest import FEEDBACK_HEADERS
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    try:
-        url, process = start_redis_server(tmp_path)
-    except FileNotFoundError:
-        pytest.skip("redis-server is not installed")
-    yield url, process
-    process.send_signal(signal.SIGCONT)
-    process.kill()
-    process.wait()
-
-
 async def test_a_redis_stall_degrades_embeddings_and_the_triton_breaker_stays_closed(
-    exported: Path, tmp_path: Path, redis_server: tuple[str, subprocess.Popen[bytes]]
+    exported: Path, tmp_path: Path, private_redis: tuple[str, subprocess.Popen[bytes]]
 ) -> None:
     try:
         wheel_directory()
     except TritonUnavailable as error:
         pytest.skip(f"Triton cannot run here: {error}")
-    url, redis_process = redis_server
+    url, redis_process = private_redis
     rows = RedisRows(url, "cascade", timeout_s=5.0)
     materialize_embeddings(rows, exported / "model_repository", 1)
     rows.close()

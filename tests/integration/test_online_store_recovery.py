@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -22,17 +22,6 @@ from services.util.local_redis import start_redis_server
 from tests.conftest import FEEDBACK_HEADERS
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[str]:
-    try:
-        url, process = start_redis_server(tmp_path)
-    except FileNotFoundError:
-        pytest.skip("redis-server is not installed (.ci/run installs it)")
-    yield url
-    process.kill()
-    process.wait()
 
 
 async def _client(settings: Settings) -> AsyncIterator[tuple[httpx.AsyncClient, Gateway]]:
@@ -66,9 +55,11 @@ async def _recommend(http: httpx.AsyncClient, user_id: int = 3) -> dict:
 
 
 async def test_empty_store_is_degraded_then_reloaded_automatically(
-    exported: Path, redis_server: str
+    exported: Path, private_redis_url: str
 ) -> None:
-    settings = Settings(artifacts=exported, redis=RedisSettings(url=redis_server, timeout_ms=500))
+    settings = Settings(
+        artifacts=exported, redis=RedisSettings(url=private_redis_url, timeout_ms=500)
+    )
     async for http, gateway in _client(settings):
         assert gateway.store_monitor is not None
         assert gateway.store_monitor.state == "ok"  # the start filled the fresh Redis
@@ -76,7 +67,7 @@ async def test_empty_store_is_degraded_then_reloaded_automatically(
         assert not before["degraded"]
         seen = set((await gateway.store.lookup(3)).user.seen.tolist())  # type: ignore[union-attr]
 
-        _wipe_users(redis_server)
+        _wipe_users(private_redis_url)
         gateway.store_monitor.auto_materialize = False  # first: what a request sees
         empty = await _recommend(http)
         assert empty["degraded"] and "features:store_empty" in empty["reasons"]
@@ -101,12 +92,14 @@ async def test_empty_store_is_degraded_then_reloaded_automatically(
 
 
 async def test_reload_is_left_to_the_replica_holding_the_lock(
-    exported: Path, redis_server: str
+    exported: Path, private_redis_url: str
 ) -> None:
-    settings = Settings(artifacts=exported, redis=RedisSettings(url=redis_server, timeout_ms=500))
+    settings = Settings(
+        artifacts=exported, redis=RedisSettings(url=private_redis_url, timeout_ms=500)
+    )
     async for _http, gateway in _client(settings):
-        _wipe_users(redis_server)
-        other = RedisStore(redis_server)
+        _wipe_users(private_redis_url)
+        other = RedisStore(private_redis_url)
         await other.start()
         assert await other.try_lock("materialize", 30)  # another replica is reloading
         assert gateway.store_monitor is not None

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
 
 from services.control.registry import LockHeld, RedisRegistry
-from services.util.local_redis import start_redis_server
 from tests.integration import control_processes as processes
 
 pytestmark = pytest.mark.integration
@@ -22,22 +20,13 @@ TTL_S = 3.0
 KEY = f"{processes.NAMESPACE}:registry:lock:retrain"
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[str]:
-    try:
-        url, process = start_redis_server(tmp_path)
-    except FileNotFoundError:
-        pytest.skip("redis-server is not installed (.ci/run installs it)")
-    yield url
-    process.kill()
-    process.wait()
-
-
-def test_a_retrain_killed_with_9_frees_its_lock_within_its_ttl(tmp_path: Path, server: str) -> None:
-    client = redis.Redis.from_url(server)
+def test_a_retrain_killed_with_9_frees_its_lock_within_its_ttl(
+    tmp_path: Path, private_redis_url: str
+) -> None:
+    client = redis.Redis.from_url(private_redis_url)
     job = processes.Command(
         tmp_path / "retrain",
-        server,
+        private_redis_url,
         "retrain",
         "--artifacts",
         str(tmp_path / "export"),
@@ -59,7 +48,7 @@ def test_a_retrain_killed_with_9_frees_its_lock_within_its_ttl(tmp_path: Path, s
     finally:
         job.stop()
     assert 0 < client.pttl(KEY) <= TTL_S * 1000  # the crash left it, for at most its ttl
-    registry = RedisRegistry(server, processes.NAMESPACE)
+    registry = RedisRegistry(private_redis_url, processes.NAMESPACE)
 
     def taken() -> bool:
         try:
