@@ -43,8 +43,11 @@ RUN pip install -c constraints.txt -r train.txt
 # The jobs: the offline pipeline and `cascade materialize` (which needs the serving side too).
 FROM train-deps AS jobs
 COPY README.md ./
+COPY core ./core
 COPY pipelines ./pipelines
 COPY services ./services
+COPY control ./control
+COPY cli ./cli
 # the export copies these templates into every version (pipelines/export/exporter.py finds
 # them beside the code: hence an editable install of /app)
 COPY model_repository ./model_repository
@@ -57,8 +60,11 @@ CMD ["train", "--workdir", "/artifacts/work", "--output", "/artifacts"]
 # The gateway: only the serving dependencies (no matplotlib, onnx or tqdm).
 FROM serve-deps AS gateway
 COPY README.md ./
+COPY core ./core
 COPY pipelines ./pipelines
 COPY services ./services
+COPY control ./control
+COPY cli ./cli
 RUN pip install --no-deps --no-build-isolation -e .
 USER 10001:10001
 WORKDIR /artifacts

@@ -28,12 +28,12 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from control.dashboards.panels import all_panels
+from control.dashboards.report import query_range
+from control.simulator import Preferences, SimulationPlan, population, simulate
 from pipelines.config import TrainConfig
 from pipelines.data.synthetic import make_synthetic
 from pipelines.pipeline import run_pipeline
-from services.monitoring.panels import all_panels
-from services.monitoring.report import query_range
-from services.simulator import Preferences, SimulationPlan, population, simulate
 from tests.integration.monitoring_servers import start_prometheus, wait_until
 from tests.integration.production_shape import export_twin, production_shape
 
@@ -108,7 +108,7 @@ def main() -> int:
                         print(f"{series:>4} series  {dashboard.uid}: {panel.title}", flush=True)
                 minutes = (ended - started) / 60 + 0.5
                 rendered = subprocess.run(
-                    [sys.executable, "-m", "services.cli", "report", "--prometheus",
+                    [sys.executable, "-m", "cli.main", "report", "--prometheus",
                      prometheus.url, "--minutes", f"{minutes:.1f}", "--out", str(args.out)],
                     capture_output=True, text=True, check=False,
                 )  # fmt: skip

@@ -31,12 +31,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from control.simulator import Preferences, SimulationPlan, population, simulate
 from pipelines.config import TrainConfig
 from pipelines.data.synthetic import make_synthetic
 from pipelines.pipeline import run_pipeline
-from services.retrain_queue import FileRetrainQueue
 from services.settings import Settings
-from services.simulator import Preferences, SimulationPlan, population, simulate
+from services.state.retrain_queue import FileRetrainQueue
 from tests.integration.monitoring_servers import (
     alertmanager_config_for_tests,
     rules_for_tests,
@@ -176,7 +176,7 @@ def main() -> int:
             time.sleep(10)  # the last scrape, evaluation and notification
             shifted_psi = watch.psi("user_age")
             report = subprocess.run(
-                [sys.executable, "-m", "services.cli", "report", "--prometheus", prometheus.url,
+                [sys.executable, "-m", "cli.main", "report", "--prometheus", prometheus.url,
                  "--minutes", f"{(time.time() - started) / 60 + 1:.1f}", "--out", str(args.report)],
                 capture_output=True, text=True, check=False,
             )  # fmt: skip

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines.export.drift_reference import ITEM_QUANTITIES, USER_QUANTITIES, Reference
-from pipelines.features.spec import DENSE_INPUTS, SPARSE_COLUMNS
-from services.context import RequestContext
-from services.drift import DriftMonitor
-from services.drift_window import VersionWindow
+from core.export.drift_reference import ITEM_QUANTITIES, USER_QUANTITIES, Reference
+from core.features.spec import DENSE_INPUTS, SPARSE_COLUMNS
+from services.drift.counting import DriftMonitor
+from services.drift.window import VersionWindow
+from services.serving.context import RequestContext
 from services.settings import DriftSettings
 from services.stores.base import UserRecord
 

@@ -27,7 +27,7 @@ import onnxruntime as ort
 import torch
 from publish import publish
 
-from pipelines.export.item_index import build_index, index_kind
+from core.export.item_index import build_index, index_kind
 from pipelines.export.onnx_models import export_query_tower
 from pipelines.models.two_tower import ItemTower, QueryTower, TwoTower
 from pipelines.models.two_tower_ensemble import TwoTowerEnsemble

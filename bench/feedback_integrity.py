@@ -61,12 +61,12 @@ from rollout import (
     truth,
 )
 
+from control.retrain.dataset import combine
+from control.retrain.evidence import logged_rows, unvouched_check, vouched_feedback
+from control.retrain.snapshot import read_since
+from control.validation.config import LoggedEvents
 from pipelines.data.schema import RawDataset
-from pipelines.retrain.dataset import combine
-from pipelines.retrain.evidence import logged_rows, unvouched_check, vouched_feedback
-from pipelines.retrain.snapshot import read_since
-from pipelines.validation.config import LoggedEvents
-from services.attribution import SERVED, vouch
+from services.events.attribution import SERVED, vouch
 from services.stores.base import Answer
 from services.stores.redis import RedisStore
 

@@ -5,7 +5,7 @@ On a private redis-server (streams and registry) and a fresh export root:
 1. first deploy: `cascade retrain` on the oldest ``--base-fraction`` of the data set (floors
    only; the version becomes production when the next run adopts it);
 2. the newest part of the data set is replayed as logged traffic (feedback + impressions
-   streams, the users' real choices: see ``pipelines/retrain/replay.py``);
+   streams, the users' real choices: see ``control/retrain/replay.py``);
 3. `cascade retrain` again: the good candidate, timed (``retrain_s``), gated against
    production on the most recent window;
 4. `cascade retrain --sabotage shuffled-embeddings`: the bad candidate, which must fail.
@@ -35,9 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from publish import publish
 
+from cli.main import main
+from control.retrain.replay import replay_records, write_records
 from pipelines.pipeline import load_dataset
-from pipelines.retrain.replay import replay_records, write_records
-from services.cli import main
 from services.stores.redis import RedisStore
 from services.util.local_redis import start_redis_server
 

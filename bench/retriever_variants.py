@@ -86,9 +86,9 @@ def train_and_evaluate(work: str, variant: str, overrides: dict[str, Any]) -> di
     """Train one variant (or EASE) on a prepared split; its validation and test NDCG@10."""
     import torch
 
+    from core.features.workflow import Workflow
     from pipelines.config import TrainConfig
     from pipelines.evaluation.protocol import evaluate_split
-    from pipelines.features.workflow import Workflow
     from pipelines.models.two_tower_ensemble import TwoTowerEnsemble
     from pipelines.prepare import RetrievalData
     from pipelines.training.baselines import train_ease

@@ -47,16 +47,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from publish import publish
 
+from control.registry import RedisRegistry
+from control.rollout.analysis import AnalysisConfig
+from control.rollout.controller import RolloutController, RolloutPlan
+from control.rollout.state import RedisRolloutLog, RolloutRecord
+from control.simulator import KEEPALIVE_S, Preferences, population, position_bias
 from pipelines.config import TrainConfig
 from pipelines.data.schema import RawDataset
 from pipelines.pipeline import load_dataset, run_pipeline
-from services.control.analysis import AnalysisConfig
-from services.control.desired_state import DesiredState, RedisDesiredState
-from services.control.registry import RedisRegistry
-from services.control.rollout import RolloutController, RolloutPlan
-from services.control.rollout_state import RedisRolloutLog, RolloutRecord
-from services.gateway import Gateway
-from services.simulator import KEEPALIVE_S, Preferences, population, position_bias
+from services.serving.gateway import Gateway
+from services.state.desired_state import DesiredState, RedisDesiredState
 from services.stores.redis import RedisStore
 from services.util.local_redis import free_port, start_redis_server
 
@@ -641,7 +641,7 @@ def corrupt(path: Path) -> None:
 async def on_triton(stack: Stack, directory: Path) -> AsyncIterator[Stack]:
     """A Triton server whose copy of version TWIN has a corrupted ranker, and a gateway
     scoring on it; yields the stack with that gateway."""
-    from services.triton_server import TritonServer
+    from services.inference.triton_server import TritonServer
 
     base = Path(tempfile.mkdtemp(dir=directory, prefix="triton-"))
     repository = triton_repository(stack.root, base, (GOOD,))

@@ -108,7 +108,7 @@ def start_gateway(
         [
             sys.executable,
             "-m",
-            "services.cli",
+            "cli.main",
             "serve",
             "--host",
             "127.0.0.1",
@@ -137,7 +137,7 @@ def stack(
 ) -> Iterator[tuple[str, ProcessGroup, str | None]]:
     """Start one configuration; yield the recommend URL, its server processes and Triton's
     metrics URL (None without Triton)."""
-    from services.triton_server import TritonServer
+    from services.inference.triton_server import TritonServer
 
     group = ProcessGroup()
     started: list[subprocess.Popen[bytes]] = []
@@ -154,7 +154,7 @@ def stack(
                 [
                     sys.executable,
                     "-m",
-                    "services.cli",
+                    "cli.main",
                     "materialize",
                     "--artifacts",
                     str(root),

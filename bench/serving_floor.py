@@ -16,16 +16,16 @@ from typing import Any
 
 import numpy as np
 
-from pipelines.models.gbm import tree_features
-from services.context import RequestContext
+from core.tree_ranker import tree_features
 from services.inference.embeddings import InMemoryTables
 from services.inference.models import QueryTowerModel, RankingModel
-from services.materialize import materialize
-from services.release import load_release
-from services.rules import Rules
+from services.serving.context import RequestContext
+from services.serving.release import load_release
+from services.serving.rules import Rules
 from services.stages.filtering import FilteringStage
 from services.stages.ordering import OrderingStage
 from services.stages.retrieval import popularity_candidates
+from services.stores.materialize import materialize
 from services.stores.memory import InMemoryStore
 
 

@@ -51,7 +51,7 @@ def ensure_release(name: str) -> Path:
                 [
                     sys.executable,
                     "-m",
-                    "services.cli",
+                    "cli.main",
                     "train",
                     "--workdir",
                     str(root / "work"),
@@ -72,7 +72,7 @@ def refresh_triton_files(root: Path) -> None:
     """Bring the cached export's ``model.py``/``config.pbtxt`` up to the repository's (they
     are thin adapters of the code under test, so a cached release must not pin old ones),
     re-stamping the sha256 of each copied model.py in the release manifests."""
-    from pipelines.export.verify import file_sha256
+    from core.export.verify import file_sha256
 
     templates = ROOT / "model_repository"
     for manifest_path in (root / "releases").glob("*/manifest.json"):

@@ -44,10 +44,10 @@ import torch.nn.functional as F
 from publish import publish
 from torch.utils.data import DataLoader, Dataset
 
+from core.features.workflow import Workflow
 from pipelines.config import TrainConfig
 from pipelines.data.synthetic import make_synthetic
 from pipelines.dataloader import ParquetBatchLoader
-from pipelines.features.workflow import Workflow
 from pipelines.models.dlrm import DLRM
 from pipelines.prepare import RetrievalData, prepare
 from pipelines.training.loop import device, make_step, prefetched

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from pipelines.errors import ConfigError
+from core.errors import ConfigError
 from pipelines.storage import column_names
 
 Batch = dict[str, torch.Tensor]

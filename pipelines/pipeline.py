@@ -11,11 +11,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from core.errors import ArtifactError, ConfigError
 from pipelines.config import STEPS, TrainConfig
 from pipelines.data.movielens import load_movielens_100k
 from pipelines.data.schema import RawDataset, oldest
 from pipelines.data.synthetic import make_synthetic
-from pipelines.errors import ArtifactError, ConfigError
 from pipelines.evaluation.popularity_check import enforce, recorded_checks, with_override
 from pipelines.evaluation.report import write_report
 from pipelines.export.exporter import run_export

@@ -18,11 +18,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipelines.data.schema import RawDataset
-from pipelines.errors import DataError
-from pipelines.features.ops import Columns
-from pipelines.features.rows import ITEM_ATTRIBUTES, USER_ATTRIBUTES, AttributeTable, labelled_rows
-from pipelines.features.spec import (
+from core.errors import DataError
+from core.features.ops import Columns
+from core.features.rows import ITEM_ATTRIBUTES, USER_ATTRIBUTES, AttributeTable, labelled_rows
+from core.features.spec import (
     DENSE,
     GENRES,
     ITEM_TOWER_COLUMNS,
@@ -31,7 +30,8 @@ from pipelines.features.spec import (
     USER_TOWER_COLUMNS,
     default_workflow,
 )
-from pipelines.features.workflow import Workflow
+from core.features.workflow import Workflow
+from pipelines.data.schema import RawDataset
 from pipelines.split import POSITIVE_RATING, Split, random_split
 from pipelines.storage import flatten, write_parquet
 

@@ -21,10 +21,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from pipelines.errors import ConfigError
+from core.errors import ConfigError
 
 POSITIVE_RATING = 3.0  # retrieval: rating >= 3 is a positive
-LIKED_RATING = 4.0  # ranking: label = rating >= 4, rows with rating == 3 dropped
 
 
 @dataclass(frozen=True)

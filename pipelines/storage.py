@@ -15,8 +15,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines.errors import writing
-from pipelines.features.ops import Columns
+from core.errors import writing
+from core.features.ops import Columns
 
 
 def flatten(columns: Mapping[str, np.ndarray], names: Sequence[str]) -> dict[str, np.ndarray]:

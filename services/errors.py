@@ -5,7 +5,7 @@ Stages never raise HTTP errors; they degrade. What reaches the API layer is one 
 
 from __future__ import annotations
 
-from pipelines.errors import ArtifactError, CascadeError
+from core.errors import ArtifactError, CascadeError
 
 __all__ = [
     "ArtifactError",

@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from pipelines.training.item_neighbors import DEFAULT_SHARE
+from core.item_neighbors import DEFAULT_SHARE
 
 
 class BreakerSettings(BaseModel):
@@ -201,7 +201,7 @@ class FollowSettings(BaseModel):
 
 class DriftSettings(BaseModel):
     """Drift statistics and serving KPIs per served version, over a sliding window
-    (services/drift.py; reference bins come from each version's drift_reference.json)."""
+    (services/drift/counting.py; reference bins come from each version's drift_reference.json)."""
 
     enabled: bool = Field(True, description="Count monitored quantities and export drift.")
     window_s: float = Field(

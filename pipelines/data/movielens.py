@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from core.errors import DataError
 from pipelines.data.schema import GENRE_SEPARATOR, RawDataset
-from pipelines.errors import DataError
 
 _MISSING_YEAR = {"", "unknown", "unkonwn"}  # the shipped file spells it "unkonwn" once
 _YEAR_IN_TITLE = re.compile(r"\((\d{4})\)\s*$")

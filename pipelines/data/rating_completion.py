@@ -1,6 +1,6 @@
 """A low-rank completion of a rating matrix: what a user would rate an item they never rated.
 
-The traffic simulator's ground truth for MovieLens (``services.simulator.Preferences``):
+The traffic simulator's ground truth for MovieLens (``control.simulator.Preferences``):
 the served release filters every item a user rated, so the users' own ratings say nothing
 about anything they are shown; this completion does. It is fitted on *all* ratings (the
 held-out ones too) and never seen by a trained model, like the synthetic generator's latent

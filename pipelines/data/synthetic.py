@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from core.errors import ConfigError
 from pipelines.data.schema import GENRE_SEPARATOR, LatentTruth, RawDataset
-from pipelines.errors import ConfigError
 
 GENRES = (
     "Action",

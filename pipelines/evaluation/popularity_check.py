@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pipelines.errors import CascadeError
+from core.errors import CascadeError
 
 OVERRIDE_OPTION = "--allow-below-popularity"
 RESULT_FILES = ("retrieval_result.json", "ranking_result.json")

@@ -13,19 +13,20 @@ from typing import Any
 import numpy as np
 import torch
 
+from core.errors import ArtifactError
+from core.export.drift_reference import REFERENCE_FILE, write_reference
+from core.export.item_index import build_index, index_kind, save_index
+from core.export.repository import VersionWriter
+from core.features.spec import SPARSE_COLUMNS
+from core.features.workflow import Workflow
+from core.item_neighbors import DIRECTORY as NEIGHBORS
+from core.tree_ranker import TREE_CATEGORICAL, TreeRanker, tree_features
 from pipelines.config import TrainConfig
-from pipelines.errors import ArtifactError
-from pipelines.export.drift_reference import REFERENCE_FILE, replay_reference, write_reference
-from pipelines.export.item_index import build_index, index_kind, save_index
+from pipelines.export.drift_replay import replay_reference
 from pipelines.export.onnx_models import export_dlrm_dense, export_query_tower
-from pipelines.export.repository import VersionWriter
-from pipelines.features.spec import SPARSE_COLUMNS
-from pipelines.features.workflow import Workflow
-from pipelines.models.gbm import TREE_CATEGORICAL, TreeRanker, tree_features
 from pipelines.models.two_tower import ServedQuery
 from pipelines.models.two_tower_ensemble import EnsembleQuery
 from pipelines.prepare import RetrievalData
-from pipelines.training.item_neighbors import DIRECTORY as NEIGHBORS
 from pipelines.training.ranking import build_dlrm, ranking_inputs
 from pipelines.training.retrieval import build_two_tower
 

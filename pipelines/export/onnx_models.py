@@ -8,7 +8,7 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from pipelines.errors import ArtifactError
+from core.errors import ArtifactError
 from pipelines.models.dlrm import DLRMDense
 from pipelines.models.two_tower import QueryTower, ServedQuery
 from pipelines.models.two_tower_ensemble import EnsembleQuery

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from pipelines.errors import ConfigError
+from core.errors import ConfigError
 from pipelines.models.embedding import embedding
 from pipelines.models.two_tower import _mlp
 

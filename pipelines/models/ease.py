@@ -14,7 +14,7 @@ import warnings
 import numpy as np
 import torch
 
-from pipelines.errors import ConfigError
+from core.errors import ConfigError
 
 EXACT_ITEMS = 5_000  # up to this catalog size EASE is solved in float64, above in float32
 

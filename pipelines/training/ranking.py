@@ -12,11 +12,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pipelines.config import TrainConfig
-from pipelines.dataloader import ParquetBatchLoader
-from pipelines.evaluation.metrics import auc, logloss, sigmoid
-from pipelines.evaluation.popularity_check import describe, popularity_check
-from pipelines.features.spec import (
+from core.features.spec import (
     DENSE,
     DENSE_INPUTS,
     GENRES,
@@ -24,9 +20,13 @@ from pipelines.features.spec import (
     SPARSE_COLUMNS,
     cardinality,
 )
-from pipelines.features.workflow import Workflow
+from core.features.workflow import Workflow
+from core.tree_ranker import TreeRanker, tree_features
+from pipelines.config import TrainConfig
+from pipelines.dataloader import ParquetBatchLoader
+from pipelines.evaluation.metrics import auc, logloss, sigmoid
+from pipelines.evaluation.popularity_check import describe, popularity_check
 from pipelines.models.dlrm import DLRM
-from pipelines.models.gbm import TreeRanker, tree_features
 from pipelines.storage import column_names, read_columns
 from pipelines.threads import all_cores
 from pipelines.training.loop import (

@@ -14,13 +14,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from core.features.ops.categorify import OOV_ID
+from core.features.spec import ITEM_TOWER_COLUMNS, USER_TOWER_COLUMNS, cardinality
+from core.features.workflow import Workflow
+from core.item_neighbors import DIRECTORY as NEIGHBORS
+from core.item_neighbors import ItemNeighbors, merge_candidates
 from pipelines.config import TrainConfig
 from pipelines.evaluation.metrics import evaluated_users, ranked_tops
 from pipelines.evaluation.popularity_check import describe, popularity_check
 from pipelines.evaluation.protocol import evaluate_split, split_groups
-from pipelines.features.ops.categorify import OOV_ID
-from pipelines.features.spec import ITEM_TOWER_COLUMNS, USER_TOWER_COLUMNS, cardinality
-from pipelines.features.workflow import Workflow
 from pipelines.models.two_tower import ItemTower, QueryTower, TwoTower
 from pipelines.models.two_tower_ensemble import TwoTowerEnsemble
 from pipelines.prepare import RetrievalData
@@ -33,14 +35,11 @@ from pipelines.training.baselines import (
     train_bpr,
     train_ease,
 )
-from pipelines.training.item_neighbors import DIRECTORY as NEIGHBORS
 from pipelines.training.item_neighbors import (
     REPORTED_BUDGET,
     REPORTED_SHARE,
-    ItemNeighbors,
     NeighborRanking,
     build_item_neighbors,
-    merge_candidates,
 )
 from pipelines.training.loop import (
     EarlyStopping,

@@ -10,17 +10,17 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from pipelines.errors import CascadeError
+from core.errors import CascadeError
 from services.api.credentials import KeyRing, feedback_auth
 from services.api.docs import add_offline_docs
 from services.api.fast_recommend import RecommendFastPath
 from services.api.limits import BodySizeLimit
 from services.api.routes import alerts, feedback, health, recommend
 from services.errors import http_status
-from services.gateway import Gateway
 from services.metrics import worker_exited
-from services.retrain_queue import make_retrain_queue
+from services.serving.gateway import Gateway
 from services.settings import Settings
+from services.state.retrain_queue import make_retrain_queue
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from services.gateway import Gateway
+from services.serving.gateway import Gateway
 
 
 async def get_gateway(request: Request) -> Gateway:

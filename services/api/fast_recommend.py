@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from pipelines.errors import CascadeError
+from core.errors import CascadeError
 from services.api.limits import replay
 from services.api.routes.recommend import RECOMMEND_PATH, answer
 from services.api.schemas import RecommendRequest

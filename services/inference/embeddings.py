@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines.errors import ArtifactError
+from core.errors import ArtifactError
 
 
 @dataclass(frozen=True)

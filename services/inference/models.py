@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnxruntime as ort
 
-from pipelines.errors import ArtifactError
-from pipelines.export.verify import verify_model_directory
-from pipelines.models.gbm import TreeRanker, tree_features
+from core.errors import ArtifactError
+from core.export.verify import verify_model_directory
+from core.tree_ranker import TreeRanker, tree_features
 from services.inference.embeddings import (
     EmbeddingLookup,
     InMemoryTables,

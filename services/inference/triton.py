@@ -12,7 +12,7 @@ import numpy as np
 from services.inference.backends import QUERY_TOWER, RANKER, InferenceBackend
 
 _TRITON_TYPES = {np.dtype(np.int64): "INT64", np.dtype(np.float32): "FP32"}
-# Header that Triton's restricted APIs check (see services.triton_server); over gRPC the
+# Header that Triton's restricted APIs check (see services.inference.triton_server); over gRPC the
 # server expects it as metadata key GRPC_METADATA_PREFIX + CONTROL_KEY_HEADER.
 CONTROL_KEY_HEADER = "triton-control-key"
 GRPC_METADATA_PREFIX = "triton-grpc-protocol-"

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from services.context import RequestContext
 from services.errors import DependencyUnavailable
+from services.serving.context import RequestContext
 from services.stores.base import OnlineStore
 from services.util.resilience import CircuitBreaker
 

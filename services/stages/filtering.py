@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from services.context import RequestContext
-from services.release import Release
-from services.rules import Rules
+from services.serving.context import RequestContext
+from services.serving.release import Release
+from services.serving.rules import Rules
 
 
 def rule_excluded_ids(rules: Rules, release: Release, ctx: RequestContext) -> np.ndarray:

@@ -7,9 +7,9 @@ import datetime as dt
 
 import numpy as np
 
-from services.context import RequestContext
-from services.release import Release
-from services.rules import Rules
+from services.serving.context import RequestContext
+from services.serving.release import Release
+from services.serving.rules import Rules
 
 
 def apply_boosts(

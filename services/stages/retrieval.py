@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipelines.training.item_neighbors import merge_candidates
-from services.context import RequestContext
+from core.item_neighbors import merge_candidates
 from services.errors import DependencyUnavailable
 from services.inference.backends import InferenceBackend
 from services.metrics import RETRIEVED
-from services.release import Release
+from services.serving.context import RequestContext
+from services.serving.release import Release
 from services.util.resilience import CircuitBreaker
 
 FROM_ANN = RETRIEVED.labels(source="ann")

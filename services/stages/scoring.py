@@ -11,10 +11,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from services.context import RequestContext
 from services.errors import DependencyUnavailable
 from services.inference.backends import InferenceBackend
-from services.release import Release
+from services.serving.context import RequestContext
+from services.serving.release import Release
 from services.stages.retrieval import ModelStage
 from services.util.resilience import CircuitBreaker
 

@@ -22,7 +22,7 @@ FEEDBACK_FIELDS = (
     "event_id",
     "request_id",
     "hit",
-    "trust",  # what the server vouches for: services.attribution.TRUST_LEVELS
+    "trust",  # what the server vouches for: services.events.attribution.TRUST_LEVELS
     "source",  # which client credential sent it (a key's fingerprint, or "open")
 )
 # One impression set per answer: items and scores space-separated in rank order.

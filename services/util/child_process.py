@@ -3,7 +3,7 @@ ports are checked free before it starts, and who listens on a port can be verifi
 
 ``die_with_parent`` is a ``preexec_fn``: ``prctl(PR_SET_PDEATHSIG)`` makes the kernel signal
 the child when the *thread* that forked it exits, so launch from a thread that lives as long
-as the child (see ``services.triton_server``).
+as the child (see ``services.inference.triton_server``).
 """
 
 from __future__ import annotations

@@ -12,12 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipelines.errors import ArtifactError
-from services.gateway import Gateway
+from core.errors import ArtifactError
 from services.inference.models import QueryTowerModel, RankingModel
-from services.materialize import materialize, materialize_embeddings
-from services.release import load_release
+from services.serving.gateway import Gateway
+from services.serving.release import load_release
 from services.settings import Settings
+from services.stores.materialize import materialize, materialize_embeddings
 from services.stores.memory import InMemoryStore
 
 

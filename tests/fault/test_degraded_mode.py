@@ -12,13 +12,13 @@ import httpx
 import numpy as np
 import pytest
 
-from pipelines.errors import ArtifactError
+from core.errors import ArtifactError
 from services.api.app import create_app
 from services.embedding_cache.backing import RedisRows
-from services.gateway import Gateway
 from services.inference.triton import TritonBackend
-from services.materialize import materialize_embeddings, user_records
+from services.serving.gateway import Gateway
 from services.settings import BreakerSettings, RedisSettings, Settings, TritonSettings
+from services.stores.materialize import materialize_embeddings, user_records
 from services.stores.memory import InMemoryStore
 from services.stores.redis import RedisStore
 from services.util.local_redis import free_port

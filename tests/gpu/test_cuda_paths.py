@@ -144,9 +144,9 @@ def test_cascade_train_trains_its_models_on_the_gpu(tmp_path, monkeypatch) -> No
     import json
     from pathlib import Path
 
+    from cli.main import main
     from pipelines.training import baselines, ranking, retrieval
     from pipelines.training.loop import model_device, train_epochs
-    from services.cli import main
 
     trained_on: dict[str, str] = {}
 

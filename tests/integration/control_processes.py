@@ -1,4 +1,4 @@
-"""Control-plane commands as real processes (``python -m services.cli ...``) on a fake export
+"""Control-plane commands as real processes (``python -m cli.main ...``) on a fake export
 tree, for the tests that kill them or make Redis go away under them."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from services.control.registry import RedisRegistry
-from services.control.rollout_state import RolloutLog, RolloutRecord, make_rollout_log
+from control.registry import RedisRegistry
+from control.rollout.state import RolloutLog, RolloutRecord, make_rollout_log
 from tests.unit.control.fake_exports import PASS, make_version, production_and_candidate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,7 +65,7 @@ class Command:
         self.stdout_path, self.stderr_path = directory / "stdout", directory / "stderr"
         with self.stdout_path.open("wb") as out, self.stderr_path.open("wb") as err:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "services.cli", *argv],
+                [sys.executable, "-m", "cli.main", *argv],
                 cwd=ROOT,
                 env=environment(url),
                 stdout=out,

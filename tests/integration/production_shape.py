@@ -26,14 +26,14 @@ from typing import Any
 
 from pydantic import SecretStr
 
+from control.registry import RedisRegistry
 from pipelines.config import TrainConfig
 from pipelines.pipeline import run_pipeline
-from services.control.desired_state import DesiredState, RedisDesiredState
-from services.control.registry import RedisRegistry
 from services.embedding_cache.backing import RedisRows
-from services.materialize import materialize_embeddings
+from services.inference.triton_server import TritonServer
 from services.settings import FollowSettings, RedisSettings, Settings, TritonSettings
-from services.triton_server import TritonServer
+from services.state.desired_state import DesiredState, RedisDesiredState
+from services.stores.materialize import materialize_embeddings
 from services.util.local_redis import free_port, start_redis_server
 from tests.integration.served_app import served_app
 
@@ -95,7 +95,7 @@ def _redis_with_state(root: Path, directory: Path, stack: ExitStack) -> str:
 
 
 def _rollout(root: Path, redis_url: str, port: int, log: Path) -> subprocess.Popen[bytes]:
-    command = [sys.executable, "-m", "services.cli", "rollout", "2", "--artifacts", str(root)]
+    command = [sys.executable, "-m", "cli.main", "rollout", "2", "--artifacts", str(root)]
     command += [*ROLLOUT_OPTIONS, "--metrics-port", str(port)]
     env = {**os.environ, "CASCADE_REDIS__URL": redis_url, "CASCADE_REDIS__NAMESPACE": NAMESPACE}
     return subprocess.Popen(command, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)

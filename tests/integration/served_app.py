@@ -17,7 +17,7 @@ import uvicorn
 
 from services.api.app import create_app
 from services.api.server import server_config
-from services.gateway import Gateway
+from services.serving.gateway import Gateway
 from services.settings import Settings
 from services.util.local_redis import free_port
 

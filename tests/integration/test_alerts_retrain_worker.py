@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from services.retrain_queue import FileRetrainQueue
+from services.state.retrain_queue import FileRetrainQueue
 from tests.integration.monitoring_servers import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -27,7 +27,7 @@ TRIGGER = {
 
 def _command(root: Path) -> list[str]:
     return [
-        sys.executable, "-m", "services.cli", "retrain", "--from-queue",
+        sys.executable, "-m", "cli.main", "retrain", "--from-queue",
         "--artifacts", str(root), "--dataset", "synthetic", "--users", "300", "--items", "400",
         "--interactions", "15000", "--two-tower-epochs", "2", "--bpr-epochs", "1",
         "--dlrm-epochs", "1", "--gbm-rounds", "20", "--force",

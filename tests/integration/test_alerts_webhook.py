@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
-from services.retrain_queue import FileRetrainQueue
 from services.settings import Settings
+from services.state.retrain_queue import FileRetrainQueue
 from services.util.local_redis import free_port
 from tests.integration.monitoring_servers import (
     Alertmanager,

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
+from control.dashboards.panels import all_panels
+from control.simulator import Preferences, SimulationPlan, population, simulate
 from pipelines.config import TrainConfig
 from pipelines.data.synthetic import make_synthetic
-from services.monitoring.panels import all_panels
-from services.simulator import Preferences, SimulationPlan, population, simulate
-from services.triton_server import TritonUnavailable, wheel_directory
+from services.inference.triton_server import TritonUnavailable, wheel_directory
 from tests.conftest import EXPORTED_SIZE, EXPORTED_TRAINING
 from tests.integration.monitoring_servers import Prometheus, rules_for_tests, wait_until
 from tests.integration.production_shape import Stack, export_twin, production_shape

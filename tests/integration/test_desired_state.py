@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from pipelines.errors import CascadeError
-from services.control.desired_state import (
+from core.errors import CascadeError
+from services.state.desired_state import (
     DesiredState,
     DesiredStateConflict,
     DesiredStateStore,
@@ -88,8 +88,8 @@ def test_replica_reports_are_read_back_until_they_expire(store: DesiredStateStor
 
 
 def test_pin_production_writes_a_state_only_when_none_exists(tmp_path: Path) -> None:
-    from services.control.desired_state import pin_production
     from services.settings import Settings
+    from services.state.desired_state import pin_production
 
     settings = Settings(artifacts=tmp_path)
     assert pin_production(settings, None) is None

@@ -9,11 +9,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from cli.main import main
+from control.simulator import NEW_USERS, Preferences, SimulationPlan, population, simulate
 from pipelines.data.synthetic import make_synthetic
-from services.cli import main
-from services.gateway import Gateway
+from services.serving.gateway import Gateway
 from services.settings import Settings
-from services.simulator import NEW_USERS, Preferences, SimulationPlan, population, simulate
 from tests.conftest import EXPORTED_SIZE
 from tests.integration.served_app import served_app
 

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
+from control.simulator import Preferences, SimulationPlan, population, simulate
 from pipelines.data.synthetic import make_synthetic
-from services.retrain_queue import FileRetrainQueue
 from services.settings import Settings
-from services.simulator import Preferences, SimulationPlan, population, simulate
+from services.state.retrain_queue import FileRetrainQueue
 from tests.conftest import EXPORTED_SIZE
 from tests.integration.monitoring_servers import (
     Alertmanager,

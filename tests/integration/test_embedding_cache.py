@@ -143,7 +143,7 @@ def test_ranker_scores_through_the_cache_equal_in_memory_tables(
     exported: Path, backing: RedisRows, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from services.inference.models import RankingModel
-    from services.materialize import materialize_embeddings
+    from services.stores.materialize import materialize_embeddings
 
     assert materialize_embeddings(backing, exported / "model_repository", 1) > 0
     directory = exported / "model_repository" / "ranker" / "1"
@@ -226,7 +226,7 @@ def test_a_failed_deferred_fetch_flags_the_next_deferred_answer_degraded(
 def test_the_serving_path_refuses_a_version_redis_does_not_hold(
     exported: Path, backing: RedisRows
 ) -> None:
-    from pipelines.errors import ArtifactError
+    from core.errors import ArtifactError
     from services.inference.models import embeddings_for
     from services.settings import EmbeddingCacheSettings, RedisSettings, Settings
 
@@ -249,7 +249,7 @@ def test_the_serving_path_refuses_a_version_redis_does_not_hold(
 
 
 def test_tables_within_the_memory_budget_skip_the_cache(exported: Path, backing: RedisRows) -> None:
-    from pipelines.errors import ArtifactError
+    from core.errors import ArtifactError
     from services.inference.embeddings import InMemoryTables, read_table_spec
     from services.inference.models import embeddings_for, tables_mib
     from services.settings import EmbeddingCacheSettings, RedisSettings, Settings

@@ -14,9 +14,9 @@ from pydantic import SecretStr
 from services.api.app import create_app
 from services.embedding_cache.backing import RedisRows
 from services.errors import FeedbackNotDurable
-from services.gateway import Gateway
-from services.materialize import materialize_embeddings
+from services.serving.gateway import Gateway
 from services.settings import FeedbackSettings, RedisSettings, Settings
+from services.stores.materialize import materialize_embeddings
 from services.stores.redis import RedisStore
 from services.util.local_redis import start_redis_server
 from tests.conftest import FEEDBACK_HEADERS, TEST_FEEDBACK_KEY

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from services.cli import main
-from services.control.registry import RedisRegistry
+from cli.main import main
+from control.registry import RedisRegistry
 from tests.conftest import redis_url
 
 pytestmark = pytest.mark.integration

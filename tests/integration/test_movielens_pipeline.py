@@ -26,7 +26,7 @@ def test_movielens_pipeline_beats_popularity_on_every_metric(tmp_path: Path) -> 
         [
             sys.executable,
             "-m",
-            "services.cli",
+            "cli.main",
             "train",
             "--workdir",
             str(tmp_path / "work"),

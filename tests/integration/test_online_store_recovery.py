@@ -14,9 +14,9 @@ import redis
 
 from services.api.app import create_app
 from services.embedding_cache.backing import RedisRows
-from services.gateway import Gateway
-from services.materialize import materialize_embeddings
+from services.serving.gateway import Gateway
 from services.settings import RedisSettings, Settings
+from services.stores.materialize import materialize_embeddings
 from services.stores.redis import RedisStore
 from services.util.local_redis import start_redis_server
 from tests.conftest import FEEDBACK_HEADERS

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from services.control.registry import (
+from control.registry import (
     FileRegistry,
     LockHeld,
     LockLost,
@@ -277,7 +277,7 @@ def test_a_crashed_holder_blocks_nobody_after_its_ttl(factory: Factory, tmp_path
     script = textwrap.dedent(f"""
         import os
         from pathlib import Path
-        from services.control.registry import FileRegistry, RedisRegistry
+        from control.registry import FileRegistry, RedisRegistry
         registry = {make}
         held = registry.lock("retrain", 1.5)  # referenced: not closed (released) by the gc
         held.__enter__()
@@ -333,7 +333,7 @@ def test_a_holder_stopped_by_sigterm_or_interrupt_releases_the_lock(
     script = textwrap.dedent(f"""
         import time
         from pathlib import Path
-        from services.control.registry import FileRegistry, RedisRegistry
+        from control.registry import FileRegistry, RedisRegistry
         registry = {make}
         with registry.lock("gc", 30):
             print("held", flush=True)

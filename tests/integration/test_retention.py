@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import redis
 
-from services.control import retention
-from services.control.registry import RedisRegistry, VersionState
-from services.control.retention import RetentionError, collect_garbage
+from control import retention
+from control.registry import RedisRegistry, VersionState
+from control.retention import RetentionError, collect_garbage
 from services.embedding_cache.backing import RedisRows
 from tests.conftest import redis_url
 from tests.unit.control.fake_exports import PASS, leftovers, make_version, on_disk

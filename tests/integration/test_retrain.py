@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import redis
 
+from cli.main import main
+from control.registry import RedisRegistry
+from control.retrain.replay import replay_records, write_records
 from pipelines.data.synthetic import make_synthetic
-from pipelines.retrain.replay import replay_records, write_records
-from services.cli import main
-from services.control.desired_state import RedisDesiredState
-from services.control.registry import RedisRegistry
+from services.state.desired_state import RedisDesiredState
 from services.stores.redis import RedisStore
 from tests.conftest import redis_url
 
@@ -193,10 +193,10 @@ def test_redis_down_fails_cleanly(
 def test_a_run_killed_while_registering_is_cleaned_up_by_the_next(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from control.registry import FileRegistry
+    from control.retrain.job import RetrainOptions, run_retrain
+    from control.validation.config import GateConfig
     from pipelines.config import TrainConfig
-    from pipelines.retrain.job import RetrainOptions, run_retrain
-    from pipelines.validation.config import GateConfig
-    from services.control.registry import FileRegistry
     from services.settings import RedisSettings, Settings
 
     monkeypatch.delenv("CASCADE_REDIS__URL", raising=False)

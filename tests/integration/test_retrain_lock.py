@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from services.control.registry import LockHeld, RedisRegistry
+from control.registry import LockHeld, RedisRegistry
 from tests.integration import control_processes as processes
 
 pytestmark = pytest.mark.integration

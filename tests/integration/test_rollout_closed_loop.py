@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from bench import rollout as loop
-from services.control.desired_state import DesiredState, RedisDesiredState
-from services.simulator import Preferences, population
+from control.simulator import Preferences, population
+from services.state.desired_state import DesiredState, RedisDesiredState
 from services.util.local_redis import start_redis_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -119,7 +119,7 @@ async def test_a_rolled_back_canary_stays_loaded_for_the_requests_on_it(
 async def test_a_candidate_triton_cannot_load_is_aborted_and_production_keeps_serving(
     export: Path, tmp_path: Path
 ) -> None:
-    from services.triton_server import TritonUnavailable, wheel_directory
+    from services.inference.triton_server import TritonUnavailable, wheel_directory
 
     try:
         wheel_directory()

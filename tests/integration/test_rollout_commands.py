@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from services.cli import main
-from services.control.desired_state import make_desired_state_store
-from services.control.registry import FileRegistry, RedisRegistry, Registry, VersionState
+from cli.main import main
+from control.registry import FileRegistry, RedisRegistry, Registry, VersionState
+from services.state.desired_state import make_desired_state_store
 from services.util.local_redis import start_redis_server
 from tests.integration import control_processes as processes
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from services.cli import main
+from cli.main import main
 from services.util.local_redis import free_port, start_redis_server
 
 pytestmark = pytest.mark.integration

@@ -57,7 +57,7 @@ def test_two_workers_export_the_counts_of_both_on_every_scrape(
     }
     serve = subprocess.Popen(
         [
-            *(sys.executable, "-m", "services.cli", "serve", "--workers", "2"),
+            *(sys.executable, "-m", "cli.main", "serve", "--workers", "2"),
             *("--artifacts", str(artifacts), "--port", str(port)),
         ],
         env=env,

@@ -124,7 +124,7 @@ def test_sigterm_with_a_stalled_client_stops_within_the_grace_period(
     }
     log = (tmp_path / "serve.log").open("wb")
     process = subprocess.Popen(
-        [sys.executable, "-m", "services.cli", "serve", "--port", str(port)],
+        [sys.executable, "-m", "cli.main", "serve", "--port", str(port)],
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,

@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cli.main import main
+from control.simulator import Preferences, SimulationPlan, population, position_bias, simulate
 from pipelines.data.synthetic import make_synthetic
-from services.cli import main
-from services.gateway import Gateway
+from services.serving.gateway import Gateway
 from services.settings import Settings
-from services.simulator import Preferences, SimulationPlan, population, position_bias, simulate
 from services.util.local_redis import free_port
 from tests.conftest import EXPORTED_SIZE
 from tests.integration.served_app import served_app

@@ -14,9 +14,9 @@ from prometheus_client import REGISTRY
 from pipelines.config import TrainConfig
 from pipelines.pipeline import run_pipeline
 from services.api.app import create_app
-from services.control.desired_state import DesiredState, FileDesiredState
-from services.gateway import Gateway
+from services.serving.gateway import Gateway
 from services.settings import FollowSettings, Settings
+from services.state.desired_state import DesiredState, FileDesiredState
 from tests.conftest import FEEDBACK_HEADERS
 
 pytestmark = pytest.mark.integration

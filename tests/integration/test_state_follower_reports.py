@@ -13,14 +13,14 @@ from typing import Any
 
 import pytest
 
-from services import state_follower
-from services.control.desired_state import (
+from services.state import follower as state_follower
+from services.state.desired_state import (
     DesiredState,
     DesiredStateStore,
     FileDesiredState,
     RedisDesiredState,
 )
-from services.state_follower import StateFollower
+from services.state.follower import StateFollower
 from services.util.local_redis import start_redis_server
 
 pytestmark = pytest.mark.integration

@@ -12,11 +12,11 @@ import redis
 
 from services.api.app import create_app
 from services.embedding_cache.backing import CLIENT_NAME, RedisRows
-from services.gateway import Gateway
 from services.inference.placement import PlacedBackend
-from services.materialize import materialize, materialize_embeddings
+from services.inference.triton_server import TritonServer, TritonUnavailable, wheel_directory
+from services.serving.gateway import Gateway
 from services.settings import RedisSettings, Settings, TritonSettings
-from services.triton_server import TritonServer, TritonUnavailable, wheel_directory
+from services.stores.materialize import materialize, materialize_embeddings
 from services.util.local_redis import free_port
 from tests.conftest import FEEDBACK_HEADERS, redis_url
 

@@ -26,11 +26,11 @@ import pytest
 
 from services.api.app import create_app
 from services.embedding_cache.backing import RedisRows
-from services.gateway import Gateway
 from services.inference.triton import CONTROL_KEY_HEADER, TritonBackend
-from services.materialize import materialize_embeddings
+from services.inference.triton_server import TritonServer, TritonUnavailable, wheel_directory
+from services.serving.gateway import Gateway
 from services.settings import BreakerSettings, Settings, TritonSettings
-from services.triton_server import TritonServer, TritonUnavailable, wheel_directory
+from services.stores.materialize import materialize_embeddings
 from services.util.child_process import listening_addresses, port_in_use
 from services.util.local_redis import free_port
 from tests.conftest import FEEDBACK_HEADERS, redis_url
@@ -199,7 +199,7 @@ def _ranker_as_exported(exported: Path, root: Path) -> Path:
     """The ranker's version 1 copied as exported, into ``root/model_repository``: the
     manifest's files alone (the module's own server may already have run the python stub on
     ``exported``, which writes beside them)."""
-    from pipelines.export.verify import manifest_files
+    from core.export.verify import manifest_files
 
     files = manifest_files(exported, 1)
     assert files is not None
@@ -363,7 +363,7 @@ def test_killing_cascade_serve_takes_its_triton_down(exported: Path, tmp_path: P
     with output.open("wb") as sink:
         serve = subprocess.Popen(
             [
-                *(sys.executable, "-m", "services.cli", "serve", "--triton"),
+                *(sys.executable, "-m", "cli.main", "serve", "--triton"),
                 *("--artifacts", str(exported), "--port", str(port)),
                 *("--triton-http-port", str(triton_port)),
             ],

@@ -31,8 +31,8 @@ from services.api.schemas import (
     ErrorResponse,
 )
 from services.metrics import RETRAIN_REQUESTS
-from services.retrain_queue import RetrainQueue
 from services.settings import Settings
+from services.state.retrain_queue import RetrainQueue
 
 RETRAIN_LABEL = ("action", "retrain")
 TRIGGER_LABELS = ("model_version", "feature", "severity")  # copied into the request

@@ -1,7 +1,7 @@
 """POST /v1/feedback: impressions and clicks from a client holding a key, acknowledged only
 once stored durably.
 
-Each event is stored with the trust level the server gives it (``services.attribution``):
+Each event is stored with the trust level the server gives it (``services.events.attribution``):
 ``served`` when its ``request_id`` names an answer this fleet logged, for the same user and
 an item that answer showed, and then with the version the server recorded; ``organic``
 without a ``request_id``; else untrusted with the reason. Only ``served`` events count
@@ -21,10 +21,10 @@ from fastapi.security import HTTPAuthorizationCredentials
 from services.api.credentials import KeyRing, bearer, fingerprint
 from services.api.deps import GatewayDep
 from services.api.schemas import ERROR_RESPONSES, ErrorResponse, FeedbackRequest, FeedbackResponse
-from services.attribution import SERVED, vouch
 from services.errors import FeedbackNotDurable
-from services.gateway import Gateway
+from services.events.attribution import SERVED, vouch
 from services.metrics import FEEDBACK, FEEDBACK_DUPLICATES, HITS, version_label
+from services.serving.gateway import Gateway
 from services.stores.base import Answer
 
 OPEN_SOURCE = "open"  # the source of events accepted without a key (feedback.open)

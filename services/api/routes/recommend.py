@@ -17,8 +17,8 @@ from fastapi import APIRouter, Response
 
 from services.api.deps import GatewayDep
 from services.api.schemas import ERROR_RESPONSES, RecommendRequest, RecommendResponse
-from services.gateway import Gateway
-from services.impressions import impression_record
+from services.events.impressions import impression_record
+from services.serving.gateway import Gateway
 
 router = APIRouter()
 RECOMMEND_PATH = "/v1/recommend"  # also matched by the short path (services/api/fast_recommend.py)

@@ -52,7 +52,7 @@ FORCED = {"verdict": "fail", "failed_checks": ["auc below floor"], "forced": Tru
 def production_and_candidate(root: Path) -> Path:
     """An export root for rollouts: version 1 adopted as production, version 2 a candidate
     the gate passed (file registry)."""
-    from services.control.registry import FileRegistry
+    from control.registry import FileRegistry
 
     registry = FileRegistry(root / "registry.json")
     for version in (1, 2):

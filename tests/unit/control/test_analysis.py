@@ -11,8 +11,7 @@ from dataclasses import asdict
 import numpy as np
 import pytest
 
-from pipelines.errors import ConfigError
-from services.control.analysis import (
+from control.rollout.analysis import (
     SRM_MIN_EXPECTED,
     AnalysisConfig,
     ArmStats,
@@ -23,6 +22,7 @@ from services.control.analysis import (
     analyse,
     srm_test,
 )
+from core.errors import ConfigError
 
 CONFIG = AnalysisConfig()
 

@@ -11,14 +11,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from services.control.analysis import (
+from control.rollout.analysis import (
     AnalysisConfig,
     ArmStats,
     SequentialState,
     analyse,
     srm_test,
 )
-from services.control.rollout_state import (
+from control.rollout.state import (
     USER_CLUSTERS,
     ArmCounts,
     RolloutRecord,

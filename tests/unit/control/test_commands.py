@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from services.cli import main
-from services.control.registry import FileRegistry, VersionState
+from cli.main import main
+from control.registry import FileRegistry, VersionState
 from tests.unit.control.fake_exports import FAIL, FORCED, PASS, make_version, on_disk
 
 

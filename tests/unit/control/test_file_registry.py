@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from services.control.registry import (
+from control.registry import (
     FileRegistry,
     LockHeld,
     RedisRegistry,

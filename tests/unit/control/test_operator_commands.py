@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from services.cli import main
-from services.control.registry import FileRegistry
-from services.control.rollout import RolloutRefused
-from services.control.rollout_commands import _honoured
-from services.control.rollout_state import FileRolloutLog, RolloutRecord
+from cli.main import main
+from cli.rollout import _honoured
+from control.registry import FileRegistry
+from control.rollout.controller import RolloutRefused
+from control.rollout.state import FileRolloutLog, RolloutRecord
 from tests.unit.control.fake_exports import production_and_candidate
 
 

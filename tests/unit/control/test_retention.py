@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.errors import ConfigError
-from services.control import retention
-from services.control.registry import FileRegistry, Registry, VersionState
-from services.control.retention import Plan, RetentionError, collect_garbage, plan_garbage
+from control import retention
+from control.registry import FileRegistry, Registry, VersionState
+from control.retention import Plan, RetentionError, collect_garbage, plan_garbage
+from core.errors import ConfigError
 from tests.unit.control.fake_exports import FAIL, PASS, leftovers, make_version, on_disk
 
 P, K = VersionState.PRODUCTION, VersionState.CANARY

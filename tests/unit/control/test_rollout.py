@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from services.control.analysis import AnalysisConfig
-from services.control.desired_state import FileDesiredState
-from services.control.registry import FileRegistry, VersionState
-from services.control.rollout import RolloutController, RolloutPlan, RolloutRefused
-from services.control.rollout_state import FileRolloutLog
+from control.registry import FileRegistry, VersionState
+from control.rollout.analysis import AnalysisConfig
+from control.rollout.controller import RolloutController, RolloutPlan, RolloutRefused
+from control.rollout.state import FileRolloutLog
+from services.state.desired_state import FileDesiredState
 from services.stores.memory import InMemoryStore
 from tests.unit.control.fake_exports import FAIL, make_version, production_and_candidate
 

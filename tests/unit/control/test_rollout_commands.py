@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from services.cli import main
-from services.control.desired_state import FileDesiredState
-from services.control.registry import FileRegistry, VersionState
+from cli.main import main
+from control.registry import FileRegistry, VersionState
+from services.state.desired_state import FileDesiredState
 from tests.unit.control.fake_exports import production_and_candidate
 
 

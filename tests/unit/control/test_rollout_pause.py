@@ -11,10 +11,10 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from services.control.desired_state import FileDesiredState
-from services.control.registry import FileRegistry, VersionState
-from services.control.rollout import RolloutController, RolloutPlan
-from services.control.rollout_state import FileRolloutLog, OperatorRequest, RolloutRecord
+from control.registry import FileRegistry, VersionState
+from control.rollout.controller import RolloutController, RolloutPlan
+from control.rollout.state import FileRolloutLog, OperatorRequest, RolloutRecord
+from services.state.desired_state import FileDesiredState
 from services.stores.memory import InMemoryStore
 from tests.unit.control.fake_exports import production_and_candidate
 

@@ -13,8 +13,8 @@ import pytest
 from prometheus_client import REGISTRY
 
 from services.api.app import create_app
-from services.retrain_queue import FileRetrainQueue
 from services.settings import Settings
+from services.state.retrain_queue import FileRetrainQueue
 from services.util.local_redis import free_port
 
 TOKEN = "s3cret-admin-token"

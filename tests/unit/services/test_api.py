@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from services.api.app import create_app
-from services.gateway import Gateway
+from services.serving.gateway import Gateway
 from services.settings import Settings
 
 

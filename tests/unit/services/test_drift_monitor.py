@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 from prometheus_client import REGISTRY
 
-from pipelines.errors import ArtifactError
-from pipelines.export.drift_reference import QUANTITIES, REFERENCE_FILE
+from core.errors import ArtifactError
+from core.export.drift_reference import QUANTITIES, REFERENCE_FILE
 from services import metrics
-from services.drift import load_reference
-from services.gateway import Gateway
-from services.release import load_release
+from services.drift.counting import load_reference
+from services.serving.gateway import Gateway
+from services.serving.release import load_release
 from services.settings import Settings
 
 
@@ -99,7 +99,7 @@ async def test_a_version_without_reference_serves_without_drift(
     manifest_path.write_text(json.dumps(manifest))
     (root / "releases" / "1" / REFERENCE_FILE).unlink()
     gateway = Gateway(Settings(artifacts=root))
-    with caplog.at_level(logging.WARNING, logger="services.drift"):
+    with caplog.at_level(logging.WARNING, logger="services.drift.counting"):
         await gateway.start()
     try:
         ctx, _ = await gateway.recommend(3, 5, {}, [], None)

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from scipy.spatial.distance import jensenshannon
 
-from pipelines.errors import ArtifactError
-from pipelines.export.drift_reference import (
+from core.errors import ArtifactError
+from core.export.drift_reference import (
     ITEM_QUANTITIES,
     USER_QUANTITIES,
     Reference,
@@ -19,8 +19,8 @@ from pipelines.export.drift_reference import (
     weighted_quantiles,
     write_reference,
 )
-from services.drift import popularity_percentiles
-from services.drift_window import PSI_EPSILON, VersionWindow, js_distance, psi
+from services.drift.counting import popularity_percentiles
+from services.drift.window import PSI_EPSILON, VersionWindow, js_distance, psi
 
 
 def _independent_psi(counts: np.ndarray, reference: np.ndarray) -> float:

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 
 from services.api.app import create_app
-from services.gateway import Gateway
+from services.serving.gateway import Gateway
 from services.settings import RedisSettings, Settings
 from tests.conftest import FEEDBACK_HEADERS
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from prometheus_client import REGISTRY
 
-from services.gateway import Gateway
-from services.impressions import ImpressionLog, impression_record
+from services.events.impressions import ImpressionLog, impression_record
+from services.serving.gateway import Gateway
 from services.settings import ImpressionSettings
 from services.stores.memory import InMemoryStore
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from services.gateway import make_backend
 from services.inference.backends import QUERY_TOWER, RANKER, InferenceBackend, LocalBackend
 from services.inference.placement import PlacedBackend
 from services.inference.triton import TritonBackend
+from services.serving.gateway import make_backend
 from services.settings import Settings, TritonSettings
 
 

@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipelines.features.ops import Standardize, Temporal
-from pipelines.features.spec import USER_TOWER_COLUMNS
-from services.context import RequestContext
-from services.release import Release, load_release
+from core.features.ops import Standardize, Temporal
+from core.features.spec import USER_TOWER_COLUMNS
+from services.serving.context import RequestContext
+from services.serving.release import Release, load_release
 from services.stores.base import UserRecord
 
 

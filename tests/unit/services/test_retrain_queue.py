@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 
 from services.errors import DependencyUnavailable
-from services.retrain_queue import (
+from services.settings import Settings
+from services.state.retrain_queue import (
     FileRetrainQueue,
     RedisRetrainQueue,
     RetrainQueue,
     leased,
     make_retrain_queue,
 )
-from services.settings import Settings
 from tests.conftest import redis_url
 
 DAY = 86_400

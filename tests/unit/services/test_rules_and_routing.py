@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.errors import ConfigError
-from services.routing import VersionRouter
-from services.rules import load_rules
+from core.errors import ConfigError
+from services.serving.routing import VersionRouter
+from services.serving.rules import load_rules
 
 
 def test_rules_load_from_yaml(tmp_path: Path) -> None:

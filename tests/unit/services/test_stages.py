@@ -8,10 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from services.context import RequestContext
 from services.metrics import RETRIEVED
-from services.release import Release, load_release
-from services.rules import Boost, Diversity, Exclusion, Pin, Rules
+from services.serving.context import RequestContext
+from services.serving.release import Release, load_release
+from services.serving.rules import Boost, Diversity, Exclusion, Pin, Rules
 from services.settings import BreakerSettings
 from services.stages.filtering import FilteringStage
 from services.stages.ordering import OrderingStage, diversity_order
@@ -275,8 +275,8 @@ def test_diversity_order_keeps_the_first_items_of_each_genre() -> None:
 @pytest.mark.parametrize("known", [True, False])
 def test_serving_features_equal_one_full_workflow_transform(release: Release, known: bool) -> None:
     """Item columns cached at load + the user encoded once == the training-time transform."""
-    from pipelines.features.rows import USER_ATTRIBUTES, AttributeTable, join_rows
-    from pipelines.features.spec import DENSE, GENRES, SPARSE_COLUMNS
+    from core.features.rows import USER_ATTRIBUTES, AttributeTable, join_rows
+    from core.features.spec import DENSE, GENRES, SPARSE_COLUMNS
 
     user = _user(release) if known else None
     ctx = _ctx(release, user=user)
@@ -312,9 +312,9 @@ async def test_scoring_flags_default_embedding_rows(exported: Path, release: Rel
 def test_a_neighbour_table_that_does_not_fit_the_index_is_refused(
     release: Release, tmp_path: Path
 ) -> None:
-    from pipelines.errors import ArtifactError
-    from pipelines.training.item_neighbors import DIRECTORY, ItemNeighbors
-    from services.release import _neighbor_source
+    from core.errors import ArtifactError
+    from core.item_neighbors import DIRECTORY, ItemNeighbors
+    from services.serving.release import _neighbor_source
 
     assert release.embeddings is not None
     np.save(tmp_path / "item_embeddings.npy", np.asarray(release.embeddings))

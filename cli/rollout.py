@@ -1,0 +1,429 @@
+"""``cascade rollout VERSION`` / ``cascade rollout status`` / ``cascade rollback`` /
+``cascade promote``: the rollout controller's command line.
+
+Exit codes of ``cascade rollout VERSION``: 0 promoted, 1 rolled back, 3 refused or failed,
+2 a usage error (``--once``: 0 after one look, whatever it decided).
+
+The controller holds the registry's ``rollout`` lock (ttl ``--lock-ttl``, kept by a
+heartbeat). ``cascade rollback`` / ``promote`` take the lock and act when it is free; while a
+controller holds it they leave it a request (``RolloutLog.put_request``) and wait for it to
+be honoured (``--wait-s``), taking over if the controller dies meanwhile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from contextlib import ExitStack
+from typing import Any
+
+from cli import options as opt
+from control.registry import HOLDER, LockHeld
+from control.rollout.analysis import AnalysisConfig
+from control.rollout.controller import RolloutController, RolloutPlan, RolloutRefused
+from control.rollout.state import Action, OperatorRequest, RolloutRecord
+
+LOCK_NAME = "rollout"
+LOCK_TTL_S = 30.0  # a killed controller blocks the next one (and the operator) this long
+OPERATOR_WAIT_S = 60.0
+OPERATOR_POLL_S = 0.2
+
+
+def _controller(args: argparse.Namespace, plan: RolloutPlan | None = None) -> RolloutController:
+    from control.registry import make_registry
+    from control.rollout.state import make_rollout_log
+    from services.serving.gateway import make_store
+    from services.settings import Settings
+    from services.state.desired_state import make_desired_state_store
+
+    overrides: dict[str, Any] = {}
+    if getattr(args, "artifacts", None) is not None:
+        overrides["artifacts"] = args.artifacts
+    settings = Settings(**overrides)
+    settings = settings.model_copy(update={"streams_dir": settings.embedded_streams()})
+    url, namespace = settings.redis.url, settings.redis.namespace
+    return RolloutController(
+        settings.artifacts,
+        make_registry(settings),
+        make_desired_state_store(url, namespace, settings.artifacts),
+        make_rollout_log(url, namespace, settings.artifacts),
+        make_store(settings),
+        plan or RolloutPlan(),
+    )
+
+
+def add_rollout_parser(commands: Any) -> None:
+    parser = commands.add_parser(
+        "rollout",
+        help="roll a validated version out step by step (or: rollout status)",
+        description="Route a growing share of users to VERSION (a candidate the validation "
+        "gate passed), judge it every interval against production on live traffic, promote it "
+        "after the last step or roll it back when it is worse, breaks a guardrail, gets no "
+        "traffic, or a replica cannot load it. Running it again resumes a running rollout. "
+        "Exit code: 0 promoted, 1 rolled back, 3 refused or failed (2: a usage error).",
+    )
+    plan, analysis = RolloutPlan(), AnalysisConfig()
+    parser.add_argument(
+        "target",
+        help="the version to roll out, `candidate` (the newest the gate passed), or `status`",
+    )
+    opt.add_artifacts(parser)
+    parser.add_argument(
+        "--steps",
+        type=opt.increasing_weights,
+        default=",".join(f"{w:g}" for w in plan.weights),
+        help="canary weights of the steps (then promotion)",
+    )
+    parser.add_argument(
+        "--min-step-s",
+        type=opt.positive_float,
+        default=plan.min_step_s,
+        help="a step lasts at least this long",
+    )
+    parser.add_argument(
+        "--interval-s",
+        type=opt.positive_float,
+        default=plan.interval_s,
+        help="seconds between looks",
+    )
+    parser.add_argument(
+        "--step-deadline-s",
+        type=opt.positive_float,
+        default=plan.step_deadline_s,
+        help="a step holding this long for lack of data rolls back (no_traffic)",
+    )
+    parser.add_argument(
+        "--apply-deadline-s",
+        type=opt.positive_float,
+        default=plan.apply_deadline_s,
+        help="replicas not applying a step (loading the canary) this long roll it back "
+        "(not_applied); the step's other times count from when they have",
+    )
+    parser.add_argument(
+        "--margin",
+        type=opt.margin,
+        default=analysis.non_inferiority_margin,
+        help="relative CTR loss the canary may show and still pass",
+    )
+    parser.add_argument(
+        "--min-impressions",
+        type=opt.positive_int,
+        default=analysis.min_impressions,
+        help="per arm before the CTR test judges",
+    )
+    parser.add_argument(
+        "--min-requests",
+        type=opt.positive_int,
+        default=analysis.min_requests,
+        help="per arm before the guardrails judge",
+    )
+    parser.add_argument(
+        "--alpha",
+        type=opt.probability,
+        default=analysis.alpha,
+        help="error rate of the sequential tests over all looks",
+    )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="roll out a version the gate rejected or never saw (recorded)",
+    )
+    parser.add_argument("--once", action="store_true", help="start or resume, look once, exit")
+    parser.add_argument(
+        "--metrics-port",
+        type=opt.port_or_off,
+        default=0,
+        help="serve the controller's Prometheus metrics on this port (0: off)",
+    )
+    parser.add_argument(
+        "--metrics-address",
+        default="127.0.0.1",
+        help="address the metrics port listens on (0.0.0.0 where Prometheus scrapes the pod)",
+    )
+    parser.add_argument(
+        "--lock-ttl",
+        type=opt.positive_float,
+        default=LOCK_TTL_S,
+        help="seconds the rollout lock outlives a killed controller (a heartbeat renews it "
+        "every third of that while the controller runs)",
+    )
+    parser.add_argument("--json", action="store_true", help="status: print JSON")
+    parser.add_argument(
+        "--if-any",
+        action="store_true",
+        help="with `candidate`: exit 0 when there is none (a worker that runs on a schedule)",
+    )
+
+
+def _target_version(controller: RolloutController, target: str) -> int:
+    """A version number, or `candidate`: the newest version the gate passed (what the
+    retraining CronJob rolls out after `cascade retrain`)."""
+    if target == "candidate":
+        newest = controller.registry.newest_candidate()
+        if newest is None:
+            raise RolloutRefused("no candidate to roll out: `cascade versions` lists the states")
+        return newest
+    try:
+        return int(target)
+    except ValueError:
+        raise RolloutRefused(
+            f"rollout: expected a version number, `candidate` or `status`, got {target!r}"
+        ) from None
+
+
+def _plan(args: argparse.Namespace) -> RolloutPlan:
+    from core.errors import UsageError
+
+    if args.step_deadline_s < args.min_step_s:
+        raise UsageError(
+            f"--step-deadline-s ({args.step_deadline_s:g}) must be at least --min-step-s "
+            f"({args.min_step_s:g}): every step would time out before it may end"
+        )
+    analysis = AnalysisConfig(
+        alpha=args.alpha,
+        non_inferiority_margin=args.margin,
+        min_impressions=args.min_impressions,
+        min_requests=args.min_requests,
+    )
+    return RolloutPlan(
+        args.steps,
+        args.min_step_s,
+        args.interval_s,
+        args.step_deadline_s,
+        analysis,
+        apply_deadline_s=args.apply_deadline_s,
+    )
+
+
+def run_rollout(args: argparse.Namespace) -> int:
+    if args.target == "status":
+        return _status(args)
+    controller = _controller(args, _plan(args))
+    if (
+        args.if_any
+        and args.target == "candidate"
+        and controller.registry.newest_candidate() is None
+    ):
+        print("rollout: no candidate to roll out (nothing to do)", flush=True)
+        return 0
+    version = _target_version(controller, args.target)
+    if args.metrics_port:
+        from prometheus_client import start_http_server
+
+        try:
+            start_http_server(args.metrics_port, addr=args.metrics_address)
+        except (OSError, ValueError) as error:  # taken port, unknown address
+            raise RolloutRefused(
+                f"--metrics-address/--metrics-port: cannot listen on "
+                f"{args.metrics_address}:{args.metrics_port} ({error})"
+            ) from None
+        print(
+            f"rollout: metrics on http://{args.metrics_address}:{args.metrics_port}/metrics",
+            flush=True,
+        )
+    with ExitStack() as stack:
+        lock = stack.enter_context(controller.registry.lock(LOCK_NAME, ttl_s=args.lock_ttl))
+        record = controller.start(version, force=args.force)
+        print(
+            f"rollout {record.id}: version {version} against production "
+            f"{record.production}, step {record.step} at {record.weight:.0%}",
+            flush=True,
+        )
+        record = asyncio.run(_drive(controller, lock, max_looks=1 if args.once else None))
+    _print(record)
+    if args.once or record.status == "running":
+        return 0
+    return 0 if record.status == "promoted" else 1
+
+
+async def _drive(controller: RolloutController, lock: Any, max_looks: int | None) -> RolloutRecord:
+    """``controller.run`` with the store started, printing each new decision once."""
+    last: list[Any] = [None]
+
+    def show(record: RolloutRecord) -> None:
+        decision = record.last_decision or {}
+        if decision.get("look") != last[0]:
+            last[0] = decision.get("look")
+            print(
+                f"look {last[0]}: step {record.step} ({record.weight:.0%}) "
+                f"{decision.get('outcome')} ({decision.get('reason')})",
+                flush=True,
+            )
+
+    await controller.store.start()
+    try:
+        return await controller.run(lock, max_looks, on_look=show)
+    finally:
+        await controller.store.close()
+
+
+def _print(record: RolloutRecord | None) -> None:
+    if record is None:
+        print("no rollout has run")
+        return
+    print(
+        f"rollout {record.id}: version {record.version} vs production {record.production}: "
+        f"{record.status.replace('_', ' ')}"
+        + (f" ({record.reason})" if record.reason else "")
+        + (f" [{record.detail}]" if record.reason == "operator" and record.detail else "")
+        + f", step {record.step} at {record.weight:.0%}, {record.looks} looks"
+    )
+    for name, arm in sorted(record.arms.items()):
+        ctr = arm.clicks / arm.impressions if arm.impressions else 0.0
+        print(
+            f"  {name:<8} answers {arm.requests:>7}  shown {arm.impressions:>8}  "
+            f"clicks {arm.clicks:>6}  ctr {ctr:.4f}  errors {arm.errors}  "
+            f"degraded {arm.degraded}  p99 {arm.p99_ms() or 0:.1f} ms"
+        )
+
+
+def _status(args: argparse.Namespace) -> int:
+    controller = _controller(args)
+    record = controller.log.load()
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "rollout": None if record is None else record.model_dump(),
+                    "desired": None if (d := controller.desired.read()) is None else d.model_dump(),
+                    "audit": controller.log.audit(20),
+                },
+                sort_keys=True,
+                default=str,
+            )
+        )
+        return 0
+    _print(record)
+    if record is not None and record.last_decision:
+        decision = record.last_decision
+        print(f"  last look {decision['look']}: {decision['outcome']} ({decision['reason']})")
+        for check in decision["checks"]:
+            print(f"    {check['name']:<18} passed={check['passed']!s:<5} {check['detail']}")
+    return 0
+
+
+def _operator_options(parser: argparse.ArgumentParser) -> None:
+    opt.add_artifacts(parser)
+    parser.add_argument("--reason", default="manual", help="recorded in the audit trail")
+    parser.add_argument(
+        "--wait-s",
+        type=opt.non_negative_float,
+        default=OPERATOR_WAIT_S,
+        help="while a controller drives the rollout: how long to wait for it to act on "
+        "the request (it does within about a second between looks)",
+    )
+
+
+def add_rollback_parser(commands: Any) -> None:
+    parser = commands.add_parser(
+        "rollback",
+        help="roll the running rollout back now (or undo the last promotion)",
+        description="With a rollout running: take the canary out at once (production "
+        "untouched), reason `operator`; when a controller drives it, it is asked to, and "
+        "this waits until it has. With none: make the previous production the production "
+        "again.",
+    )
+    _operator_options(parser)
+
+
+def run_rollback(args: argparse.Namespace) -> int:
+    controller, record = _operator(args, "rollback")
+    desired = controller.desired.read()
+    print(f"rolled back; serving production {desired.production if desired else '?'}")
+    _print(record)
+    return 0
+
+
+def add_promote_parser(commands: Any) -> None:
+    parser = commands.add_parser(
+        "promote",
+        help="promote the running rollout's canary now (recorded)",
+        description="Make the running rollout's canary the production version without "
+        "waiting for its analysis (reason `operator`, with --reason in the audit trail); "
+        "when a controller drives it, it is asked to, and this waits until it has.",
+    )
+    _operator_options(parser)
+
+
+def run_promote(args: argparse.Namespace) -> int:
+    _, record = _operator(args, "promote")
+    _print(record)
+    return 0
+
+
+def _operator(
+    args: argparse.Namespace, action: Action
+) -> tuple[RolloutController, RolloutRecord | None]:
+    """Roll back or promote under the ``rollout`` lock; while a controller holds it, leave
+    it a request for the running rollout and wait (``--wait-s``) until it has acted, or
+    until its lock is free (it died: act here). Returns the record acted on."""
+    from redis.exceptions import RedisError
+
+    controller = _controller(args)
+    try:
+        return controller, _act_or_request(controller, args, action)
+    except RedisError as error:  # the rollout record's or the desired state's Redis
+        raise RolloutRefused(f"{action}: the rollout's store cannot be reached ({error})") from None
+
+
+def _act_or_request(
+    controller: RolloutController, args: argparse.Namespace, action: Action
+) -> RolloutRecord | None:
+    """``_operator``'s loop: act under the lock, or request and wait for the controller."""
+    deadline = time.monotonic() + args.wait_s
+    requested: OperatorRequest | None = None
+
+    def answered() -> RolloutRecord | None:
+        """The rollout the request was for, once it has ended (None before)."""
+        record = controller.log.load()
+        if requested is None or record is None or record.id != requested.rollout:
+            return None
+        return None if record.status == "running" else _honoured(record, action)
+
+    while True:
+        try:
+            with controller.registry.lock(LOCK_NAME, ttl_s=LOCK_TTL_S):
+                record = answered()  # the controller may have acted and exited meanwhile
+                if record is not None:
+                    return record
+                if action == "rollback":
+                    return controller.rollback(args.reason)
+                return controller.promote(args.reason)
+        except LockHeld as error:
+            held = error
+        if (record := answered()) is not None:
+            return record
+        current = controller.log.load()
+        if requested is None and current is not None and current.status == "running":
+            requested = OperatorRequest(
+                action=action, rollout=current.id, reason=args.reason, by=HOLDER
+            )
+            controller.log.put_request(requested)
+            print(
+                f"{action} of rollout {current.id} requested from its controller ({held}); "
+                f"waiting up to {args.wait_s:g} s",
+                flush=True,
+            )
+        if time.monotonic() >= deadline:
+            if requested is None:
+                raise RolloutRefused(f"{held}; no rollout is running for it to {action}")
+            raise RolloutRefused(
+                f"the controller did not {action} rollout {requested.rollout} within "
+                f"{args.wait_s:g} s ({held}); the request stands: it acts on it at its next "
+                "look (`cascade rollout status`)"
+            )
+        time.sleep(OPERATOR_POLL_S)
+
+
+def _honoured(record: RolloutRecord, action: Action) -> RolloutRecord:
+    """The rollout the request was for has ended: as asked, or on its own just before."""
+    wanted = "rolled_back" if action == "rollback" else "promoted"
+    if record.status == wanted:
+        return record
+    again = "; `cascade rollback` again restores the previous production"
+    raise RolloutRefused(
+        f"rollout {record.id} was {record.status.replace('_', ' ')} ({record.reason}) "
+        f"before its controller saw the {action} request{again if action == 'rollback' else ''}"
+    )

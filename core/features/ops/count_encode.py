@@ -1,0 +1,46 @@
+"""Count encoding: how often each category id occurred in the training rows (log1p)."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+
+from core.features.ops.base import Columns, FeatureOp, lookup
+
+
+class CountEncode(FeatureOp):
+    """``log1p(count)`` of an id column; ids never seen in training get 0."""
+
+    kind: ClassVar[str] = "count_encode"
+
+    def __init__(self, column: str) -> None:
+        self.column = column
+        self.counts: np.ndarray | None = None
+
+    @property
+    def inputs(self) -> list[str]:
+        return [self.column]
+
+    @property
+    def outputs(self) -> list[str]:
+        return [f"{self.column}_count"]
+
+    def fit(self, columns: Columns) -> None:
+        self._require(columns)
+        self.counts = np.log1p(np.bincount(columns[self.column])).astype(np.float32)
+
+    def transform(self, columns: Columns) -> Columns:
+        self._require(columns)
+        assert self.counts is not None, "fit first"
+        return {self.outputs[0]: lookup(self.counts, columns[self.column], 0.0)}
+
+    def config(self) -> dict[str, Any]:
+        return {"column": self.column}
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        assert self.counts is not None, "fit first"
+        return {"counts": self.counts}
+
+    def load_arrays(self, arrays: dict[str, np.ndarray]) -> None:
+        self.counts = arrays["counts"]

@@ -1,0 +1,75 @@
+"""What production learnt from, read from its manifest (control.retrain.job)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from control.retrain.job import production_learnt
+from pipelines.config import TrainConfig
+from pipelines.data.synthetic import make_synthetic
+from pipelines.pipeline import split_for
+
+DATA = make_synthetic(50, 40, 1000, seed=0)
+ALL_ROWS = np.arange(1000)
+
+
+def _manifest(root: Path, version: int, manifest: dict) -> None:
+    directory = root / "releases" / str(version)
+    directory.mkdir(parents=True)
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_no_production_learnt_nothing(tmp_path: Path) -> None:
+    learnt = production_learnt(tmp_path, None, DATA, ALL_ROWS)
+    assert learnt.base_rows is None and learnt.until is None
+
+
+def test_a_retrained_version_learnt_up_to_its_recorded_time(tmp_path: Path) -> None:
+    _manifest(tmp_path, 3, {"training_data": {"learnt_until": 12345}})
+    learnt = production_learnt(tmp_path, 3, DATA, ALL_ROWS)
+    assert learnt.until == 12345 and learnt.base_rows is None
+
+
+def test_a_trained_version_of_the_same_data_learnt_its_train_and_valid_rows(
+    tmp_path: Path,
+) -> None:
+    config = {"seed": 4, "split_protocol": "per_user"}
+    _manifest(tmp_path, 1, {"data_hash": DATA.content_hash(), "config": config})
+    base_rows = ALL_ROWS[::2]  # a --base-fraction cut: only these rows are in use
+    learnt = production_learnt(tmp_path, 1, DATA, base_rows)
+    split = split_for(DATA, TrainConfig(seed=4, split_protocol="per_user"))
+    expected = np.ones(1000, bool)
+    expected[split.test] = False
+    assert learnt.base_rows is not None
+    assert np.array_equal(learnt.base_rows, expected[base_rows])
+    assert "per_user random split, seed 4" in learnt.source
+
+
+def test_another_data_set_or_no_record_means_all_base_data(tmp_path: Path) -> None:
+    _manifest(tmp_path, 1, {"data_hash": "not-this-data", "config": {"seed": 0}})
+    newest = int(DATA.interactions["timestamp"].max())
+    for version in (1, 2):  # 2: no manifest at all
+        learnt = production_learnt(tmp_path, version, DATA, ALL_ROWS)
+        assert learnt.until == newest and learnt.base_rows is None
+        assert "split is unknown" in learnt.source
+
+
+def test_a_version_trained_on_the_oldest_part_learnt_nothing_newer(tmp_path: Path) -> None:
+    from pipelines.data.schema import oldest, oldest_rows
+
+    trained = oldest(DATA, 0.7)
+    config = {"seed": 0, "split_protocol": "global"}
+    _manifest(
+        tmp_path, 1, {"data_hash": trained.content_hash(), "config": config, "base_fraction": 0.7}
+    )
+    learnt = production_learnt(tmp_path, 1, DATA, ALL_ROWS)
+    assert learnt.base_rows is not None and "oldest 0.7 of the data" in learnt.source
+    positions = oldest_rows(DATA, 0.7)
+    newer = np.setdiff1d(ALL_ROWS, positions)
+    assert not learnt.base_rows[newer].any()  # the newest 30 %: new to production
+    split = split_for(trained, TrainConfig(seed=0))
+    assert learnt.base_rows[positions[split.train]].all()
+    assert not learnt.base_rows[positions[split.test]].any()
