@@ -1,13 +1,17 @@
 """The one raw schema every dataset source produces.
 
-Three tables, as pandas DataFrames:
+Three tables, as pandas DataFrames, with internal integer ids (``core/ids.py`` maps a data
+set's own ids to them):
 
-- users: ``user_id`` (int64), ``age`` (int32), ``gender`` (str), ``occupation`` (str),
-  ``zip_code`` (str)
-- items: ``item_id`` (int64), ``title`` (str), ``year`` (float32, NaN when unknown),
-  ``genres`` (str, ``|``-separated)
-- interactions: ``user_id`` (int64), ``item_id`` (int64), ``rating`` (float32),
-  ``timestamp`` (int64, unix seconds)
+- users: ``user_id`` (int64) and one column per declared user feature (``schema.user``);
+- items: ``item_id`` (int64) and one column per declared item feature (``schema.item``);
+  multi-categorical values as one string joined by the feature's ``separator``;
+- interactions: ``user_id`` (int64), ``item_id`` (int64), ``rating`` (float32: 5 a positive,
+  3 a retrieval-only positive, 1 a negative, or MovieLens's own 1-5 stars), ``timestamp``
+  (int64, unix seconds), optionally ``weight`` (float32, 1 when absent).
+
+MovieLens-100K's tables (``MOVIELENS`` features: age, gender, occupation, zip code; year,
+genres) also carry ``title``.
 """
 
 from __future__ import annotations
@@ -18,8 +22,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-USER_COLUMNS = ("user_id", "age", "gender", "occupation", "zip_code")
-ITEM_COLUMNS = ("item_id", "title", "year", "genres")
+from core.features.schema import MOVIELENS, FeatureSchema
+from core.ids import IdMap
+
 INTERACTION_COLUMNS = ("user_id", "item_id", "rating", "timestamp")
 GENRE_SEPARATOR = "|"
 
@@ -56,11 +61,14 @@ class RawDataset:
     items: pd.DataFrame
     interactions: pd.DataFrame
     truth: LatentTruth | None = field(default=None, compare=False, repr=False)
+    schema: FeatureSchema = field(default=MOVIELENS, compare=False)
+    user_ids: IdMap = field(default_factory=IdMap.identity, compare=False, repr=False)
+    item_ids: IdMap = field(default_factory=IdMap.identity, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         for table, columns in (
-            (self.users, USER_COLUMNS),
-            (self.items, ITEM_COLUMNS),
+            (self.users, ("user_id", *self.schema.user_attributes)),
+            (self.items, ("item_id", *self.schema.item_attributes)),
             (self.interactions, INTERACTION_COLUMNS),
         ):
             missing = [c for c in columns if c not in table.columns]
@@ -95,4 +103,7 @@ def oldest(dataset: RawDataset, fraction: float) -> RawDataset:
         dataset.users,
         dataset.items,
         dataset.interactions.iloc[kept].reset_index(drop=True),
+        schema=dataset.schema,
+        user_ids=dataset.user_ids,
+        item_ids=dataset.item_ids,
     )
