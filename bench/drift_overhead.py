@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from core.export.drift_reference import ITEM_QUANTITIES, USER_QUANTITIES, Reference
-from core.features.spec import DENSE_INPUTS, SPARSE_COLUMNS
+from core.features.schema import MOVIELENS
 from services.drift.counting import DriftMonitor
 from services.drift.window import VersionWindow
 from services.serving.context import RequestContext
@@ -57,8 +57,8 @@ def main() -> None:
     ctx.user = UserRecord(1, {}, np.arange(12), np.arange(30))
     ctx.candidates = rng.integers(0, args.items, n)
     ctx.retrieval_scores = rng.random(n).astype(np.float32)
-    sparse = rng.integers(0, 50, (n, len(SPARSE_COLUMNS)))
-    dense = rng.normal(size=(n, len(DENSE_INPUTS) + 18)).astype(np.float32)
+    sparse = rng.integers(0, 50, (n, len(MOVIELENS.sparse_columns)))
+    dense = rng.normal(size=(n, len(MOVIELENS.dense_inputs) + 18)).astype(np.float32)
     scores = rng.random(n).astype(np.float32)
     served = RequestContext(user_id=1, k=10, timestamp=0, model_version=1)
     served.candidates = ctx.candidates[:10]

@@ -51,7 +51,7 @@ from pipelines.dataloader import ParquetBatchLoader
 from pipelines.models.dlrm import DLRM
 from pipelines.prepare import RetrievalData, prepare
 from pipelines.training.loop import device, make_step, prefetched
-from pipelines.training.ranking import GROUPS, build_dlrm, ranking_inputs
+from pipelines.training.ranking import build_dlrm, ranking_groups, ranking_inputs
 from pipelines.training.retrieval import TwoTowerBatches, build_two_tower
 
 Step = Callable[[Any], Any]
@@ -164,7 +164,7 @@ def bench_dlrm(
     workdir: Path, config: TrainConfig, seconds: float, naive_s: float, where: torch.device
 ) -> dict:
     workflow = Workflow.load(workdir / "workflow")
-    train = ranking_inputs(workdir / "ranking_train.parquet")
+    train = ranking_inputs(workdir / "ranking_train.parquet", workflow.schema)
     n_dense = train["dense"].shape[1]
 
     def model_and_step() -> tuple[DLRM, Step]:
@@ -181,7 +181,7 @@ def bench_dlrm(
     def loader() -> ParquetBatchLoader:
         return ParquetBatchLoader(
             [workdir / "ranking_train.parquet"],
-            GROUPS,
+            ranking_groups(workflow.schema),
             config.dlrm_batch,
             dtypes={"sparse": torch.int64},
             seed=config.seed,

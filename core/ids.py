@@ -24,6 +24,8 @@ from core.errors import ArtifactError
 
 MAX_ID_LENGTH = 256  # characters of a string id; longer ones are refused (422 in the API)
 UNKNOWN = 0
+USER_ID_MAP = "user_ids.parquet"  # file names in a release's online/ directory
+ITEM_ID_MAP = "item_ids.parquet"
 
 IdKind = Literal["int", "str"]
 ExternalId = int | str

@@ -2,28 +2,39 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import lightgbm as lgb
 import numpy as np
 
-from core.features.spec import SPARSE_COLUMNS
+from core.features.spec import cardinality
+from core.features.workflow import Workflow
 
-# Low-cardinality id columns the trees treat as categories (ids of users/items would overfit).
-TREE_CATEGORICAL = (
-    "gender_idx",
-    "age_idx",
-    "occupation_idx",
-    "year_idx",
-    "genres_first_idx",
-    "hour",
-    "weekday",
-)
+# Sparse columns with more values than this are not tree categories: user and item ids and
+# long-tailed attributes (a zip code) would overfit.
+TREE_MAX_CATEGORIES = 100
 
 
-def tree_features(inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, list[int]]:
-    """Tree inputs: the dense block then the low-cardinality ids; returns categorical positions."""
-    picked = [SPARSE_COLUMNS.index(c) for c in TREE_CATEGORICAL]
+def tree_categorical(workflow: Workflow) -> tuple[str, ...]:
+    """The low-cardinality sparse columns the trees treat as categories."""
+    return tuple(
+        c
+        for c in workflow.schema.sparse_columns[2:]  # never the user and item ids
+        if cardinality(workflow, c) <= TREE_MAX_CATEGORIES
+    )
+
+
+def categorical_positions(sparse_columns: Sequence[str], categorical: Sequence[str]) -> list[int]:
+    """Where the tree's categorical columns sit in the sparse input."""
+    return [list(sparse_columns).index(c) for c in categorical]
+
+
+def tree_features(
+    inputs: dict[str, np.ndarray], picked: Sequence[int]
+) -> tuple[np.ndarray, list[int]]:
+    """Tree inputs: the dense block then the sparse columns at ``picked``
+    (``categorical_positions``); returns the categorical feature positions."""
     x = np.concatenate([inputs["dense"], inputs["sparse"][:, picked].astype(np.float32)], axis=1)
     return x, list(range(inputs["dense"].shape[1], x.shape[1]))
 

@@ -20,23 +20,21 @@ import pandas as pd
 
 from core.errors import DataError
 from core.features.ops import Columns
-from core.features.rows import ITEM_ATTRIBUTES, USER_ATTRIBUTES, AttributeTable, labelled_rows
-from core.features.spec import (
-    DENSE,
-    GENRES,
-    ITEM_TOWER_COLUMNS,
-    LABEL,
-    SPARSE_COLUMNS,
-    USER_TOWER_COLUMNS,
-    default_workflow,
-)
+from core.features.rows import AttributeTable, labelled_rows
+from core.features.schema import FeatureSchema
+from core.features.spec import DENSE, LABEL, build_workflow
 from core.features.workflow import Workflow
+from core.ids import ITEM_ID_MAP, USER_ID_MAP
 from pipelines.data.schema import RawDataset
 from pipelines.split import POSITIVE_RATING, Split, random_split
 from pipelines.storage import flatten, write_parquet
 
-RANKING_COLUMNS = (*SPARSE_COLUMNS, DENSE, GENRES, LABEL)
 SPLITS = ("train", "valid", "test")
+
+
+def ranking_parquet_columns(schema: FeatureSchema) -> tuple[str, ...]:
+    """The columns of ``ranking_*.parquet``: sparse ids, dense, multi-hot blocks, label."""
+    return (*schema.sparse_columns, DENSE, *schema.multi_hot_columns, LABEL)
 
 
 @dataclass
@@ -45,10 +43,10 @@ class RetrievalData:
 
     user_ids: np.ndarray  # [n_users] raw ids
     item_ids: np.ndarray  # [n_items] raw ids
-    user_features: np.ndarray  # [n_users, len(USER_TOWER_COLUMNS)] int64
+    user_features: np.ndarray  # [n_users, len(schema.user_tower_columns)] int64
     history: np.ndarray  # [n_users, history_length] item_id_idx, 0 = padding
-    item_features: np.ndarray  # [n_items, len(ITEM_TOWER_COLUMNS)] int64
-    item_dense: np.ndarray  # [n_items, n_genres + 1] float32
+    item_features: np.ndarray  # [n_items, len(schema.item_tower_columns)] int64
+    item_dense: np.ndarray  # [n_items, item multi-hot widths + 1] float32
     item_log_q: np.ndarray  # [n_items] log sampling probability of each item as a positive
     positives: dict[str, np.ndarray]  # split -> [n, 2] (user position, item position)
     # values computed from the fields above once and kept (the evaluation's per-user groups)
@@ -100,18 +98,22 @@ def _positions(ids: np.ndarray, catalog: np.ndarray, what: str, source: str) -> 
 
 
 def user_tower_inputs(workflow: Workflow, users: pd.DataFrame) -> np.ndarray:
-    """``[n, len(USER_TOWER_COLUMNS)]`` ids for raw user rows (used offline and online)."""
-    raw = {c: users[c].to_numpy() for c in ("user_id", *USER_ATTRIBUTES)}
+    """``[n, len(user_tower_columns)]`` ids for raw user rows (used offline and online)."""
+    schema = workflow.schema
+    raw = {c: users[c].to_numpy() for c in ("user_id", *schema.user_attributes)}
     encoded = workflow.transform(raw, partial=True)
-    return np.stack([encoded[c] for c in USER_TOWER_COLUMNS], axis=1)
+    return np.stack([encoded[c] for c in schema.user_tower_columns], axis=1)
 
 
 def item_tower_inputs(workflow: Workflow, items: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """Item ids ``[n, len(ITEM_TOWER_COLUMNS)]`` and dense ``[n, n_genres + 1]`` of raw items."""
-    raw = {c: items[c].to_numpy() for c in ("item_id", *ITEM_ATTRIBUTES)}
+    """Item ids ``[n, len(item_tower_columns)]`` and dense ``[n, multi-hot widths + 1]`` (the
+    item's multi-hot features and its interaction count) of raw items."""
+    schema = workflow.schema
+    raw = {c: items[c].to_numpy() for c in ("item_id", *schema.item_attributes)}
     encoded = workflow.transform(raw, partial=True)
-    features = np.stack([encoded[c] for c in ITEM_TOWER_COLUMNS], axis=1)
-    dense = np.concatenate([encoded[GENRES], encoded["item_id_idx_count"][:, None]], axis=1)
+    features = np.stack([encoded[c] for c in schema.item_tower_columns], axis=1)
+    multi = [encoded[f"{f.name}_multi_hot"] for f in schema.item_multi]
+    dense = np.concatenate([*multi, encoded["item_id_idx_count"][:, None]], axis=1)
     return features, dense.astype(np.float32)
 
 
@@ -146,10 +148,13 @@ def recent_history(
 
 
 def write_online_tables(dataset: RawDataset, directory: Path, history_length: int) -> None:
-    """What the serving side's online store holds, as parquet: ``users`` (raw attributes),
+    """What the serving side's online store holds, as parquet: the id maps (string ids),
+    ``users`` (raw attributes),
     ``items`` (raw attributes), ``histories`` (per user: the last ``history_length`` positive
     item ids, oldest first, and every item the user has interacted with)."""
     directory.mkdir(parents=True, exist_ok=True)
+    dataset.user_ids.save(directory / USER_ID_MAP)  # string ids only: integers need no map
+    dataset.item_ids.save(directory / ITEM_ID_MAP)
     dataset.users.to_parquet(directory / "users.parquet", index=False)
     dataset.items.to_parquet(directory / "items.parquet", index=False)
     ordered = dataset.interactions.sort_values(["user_id", "timestamp"], kind="stable")
@@ -183,12 +188,14 @@ def prepare(
     """Split (default: the random 8:1:1 protocol; ``cascade retrain`` passes its holdout split),
     fit the workflow on the training rows, and write every model's inputs."""
     workdir.mkdir(parents=True, exist_ok=True)
-    users = AttributeTable(dataset.users, "user_id", USER_ATTRIBUTES)
-    items = AttributeTable(dataset.items, "item_id", ITEM_ATTRIBUTES)
+    schema = dataset.schema
+    users = AttributeTable(dataset.users, "user_id", schema.user_attributes)
+    items = AttributeTable(dataset.items, "item_id", schema.item_attributes)
     rows = labelled_rows(dataset.interactions, users, items)
     split = split if split is not None else random_split(len(dataset.interactions), seed)
 
-    workflow = default_workflow(seed=seed)
+    workflow = build_workflow(schema, seed=seed)
+    ranking_columns = ranking_parquet_columns(schema)
     encoded = {
         "train": workflow.fit_transform(_take(rows, split.train)),
         "valid": workflow.transform(_take(rows, split.valid)),
@@ -204,7 +211,7 @@ def prepare(
             kept = rng.permutation(kept)
         write_parquet(
             workdir / f"ranking_{name}.parquet",
-            flatten(_take({c: columns[c] for c in RANKING_COLUMNS}, kept), RANKING_COLUMNS),
+            flatten(_take({c: columns[c] for c in ranking_columns}, kept), ranking_columns),
             row_group_size=65_536,
         )
 

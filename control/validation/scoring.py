@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from control.validation.holdout import EvalSet, Holdout
-from core.features.rows import ITEM_ATTRIBUTES, USER_ATTRIBUTES, AttributeTable, join_rows
-from core.features.spec import DENSE, GENRES, SPARSE_COLUMNS, USER_TOWER_COLUMNS
+from core.features.rows import AttributeTable, join_rows
+from core.features.spec import dense_block
 from pipelines.evaluation.metrics import per_user_retrieval
 
 SCORES_PER_BATCH = 1 << 25  # users x items scored at once (128 MB of float32)
@@ -61,10 +61,12 @@ class ExportedVersion:
     def query_inputs(self, holdout: Holdout, evals: EvalSet) -> tuple[np.ndarray, np.ndarray]:
         """User id-features and left-padded history (item_id_idx) of every eval user."""
         workflow = self.release.workflow
-        users = AttributeTable(holdout.users, "user_id", USER_ATTRIBUTES)
+        schema = workflow.schema
+        users = AttributeTable(holdout.users, "user_id", schema.user_attributes)
         raw = {"user_id": evals.users, **users.lookup(evals.users)}
         encoded = workflow.transform(raw, partial=True)
-        features = np.stack([encoded[c] for c in USER_TOWER_COLUMNS], axis=1).astype(np.int64)
+        tower = schema.user_tower_columns
+        features = np.stack([encoded[c] for c in tower], axis=1).astype(np.int64)
         length = self.history_length
         history = np.zeros((len(evals.users), length), dtype=np.int64)
         recent = [h[-length:] for h in evals.history]
@@ -79,17 +81,17 @@ class ExportedVersion:
 
     def ranking_inputs(self, holdout: Holdout, evals: EvalSet) -> tuple[np.ndarray, np.ndarray]:
         rows = evals.rank_rows
+        schema = self.release.workflow.schema
         columns = join_rows(
-            AttributeTable(holdout.users, "user_id", USER_ATTRIBUTES),
-            AttributeTable(holdout.items, "item_id", ITEM_ATTRIBUTES),
+            AttributeTable(holdout.users, "user_id", schema.user_attributes),
+            AttributeTable(holdout.items, "item_id", schema.item_attributes),
             rows["user_id"].to_numpy(),
             rows["item_id"].to_numpy(),
             rows["timestamp"].to_numpy(),
         )
         encoded = self.release.workflow.transform(columns)
-        sparse = np.stack([encoded[c] for c in SPARSE_COLUMNS], axis=1).astype(np.int64)
-        dense = np.concatenate([encoded[DENSE], encoded[GENRES]], axis=1).astype(np.float32)
-        return sparse, dense
+        sparse = np.stack([encoded[c] for c in schema.sparse_columns], axis=1).astype(np.int64)
+        return sparse, dense_block(encoded, schema)
 
     def score(self, holdout: Holdout, evals: EvalSet) -> Scored:
         features, history = self.query_inputs(holdout, evals)

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from core.errors import ArtifactError
-from core.features.spec import DENSE_INPUTS, SPARSE_COLUMNS
+from core.features.schema import FeatureSchema
 
 REFERENCE_FILE = "drift_reference.json"
 FORMAT_VERSION = 1
@@ -63,28 +63,48 @@ ITEM_QUANTITIES = (*(name for name, _, _ in ITEM_INPUTS), RETRIEVAL_SCORE, RANKI
 QUANTITIES = (*USER_QUANTITIES, *ITEM_QUANTITIES)  # the only `feature` label values
 
 
-def _picker(inputs: tuple[tuple[str, str, str], ...]) -> Callable[[np.ndarray, np.ndarray], list]:
-    sparse_at = [SPARSE_COLUMNS.index(c) for _, kind, c in inputs if kind == "sparse"]
-    dense_at = [DENSE_INPUTS.index(c) for _, kind, c in inputs if kind == "dense"]
-    return lambda sparse, dense: [sparse[..., sparse_at], dense[..., dense_at]]
+def _picker(
+    inputs: tuple[tuple[str, str, str], ...], schema: FeatureSchema
+) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    """The input columns of ``inputs`` from ranker rows, in order; NaN where ``schema`` lacks
+    the column (a data set without that feature: its quantity is not monitored)."""
+    sources = {"sparse": list(schema.sparse_columns), "dense": list(schema.dense_inputs)}
+    found = [
+        (i, kind == "sparse", sources[kind].index(c))
+        for i, (_, kind, c) in enumerate(inputs)
+        if c in sources[kind]
+    ]
+
+    def pick(sparse: np.ndarray, dense: np.ndarray) -> np.ndarray:
+        out = np.full((*sparse.shape[:-1], len(inputs)), np.nan)
+        for i, from_sparse, at in found:
+            out[..., i] = (sparse if from_sparse else dense)[..., at]
+        return out
+
+    return pick
 
 
-_user_columns, _item_columns = _picker(USER_INPUTS), _picker(ITEM_INPUTS)
+class Extractor:
+    """The monitored quantities of a schema's ranker rows (quantities whose input column the
+    schema lacks come out NaN and are left out of the reference)."""
 
+    def __init__(self, schema: FeatureSchema) -> None:
+        self._user = _picker(USER_INPUTS, schema)
+        self._item = _picker(ITEM_INPUTS, schema)
 
-def user_values(sparse_row: np.ndarray, dense_row: np.ndarray, history_length: int) -> np.ndarray:
-    """``[len(USER_QUANTITIES)]`` float64 from one ranker input row (user columns are the
-    same on every row of a request) and the user's history length."""
-    parts = _user_columns(sparse_row, dense_row)
-    return np.concatenate([*parts, [history_length]]).astype(np.float64)
+    def user_values(
+        self, sparse_row: np.ndarray, dense_row: np.ndarray, history_length: int
+    ) -> np.ndarray:
+        """``[len(USER_QUANTITIES)]`` float64 from one ranker input row (user columns are the
+        same on every row of a request) and the user's history length."""
+        return np.concatenate([self._user(sparse_row, dense_row), [history_length]])
 
-
-def item_values(
-    sparse: np.ndarray, dense: np.ndarray, retrieval: np.ndarray, ranking: np.ndarray
-) -> np.ndarray:
-    """``[rows, len(ITEM_QUANTITIES)]`` float64 from ranker input rows and their scores."""
-    parts = _item_columns(sparse, dense)
-    return np.concatenate([*parts, retrieval[:, None], ranking[:, None]], axis=1).astype(np.float64)
+    def item_values(
+        self, sparse: np.ndarray, dense: np.ndarray, retrieval: np.ndarray, ranking: np.ndarray
+    ) -> np.ndarray:
+        """``[rows, len(ITEM_QUANTITIES)]`` float64 from ranker input rows and their scores."""
+        parts = [self._item(sparse, dense), retrieval[:, None], ranking[:, None]]
+        return np.concatenate(parts, axis=1).astype(np.float64)
 
 
 def weighted_quantiles(values: np.ndarray, weights: np.ndarray, q: np.ndarray) -> np.ndarray:

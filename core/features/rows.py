@@ -13,9 +13,6 @@ import pandas as pd
 from core.features.ops import Columns
 from core.features.spec import LIKED_RATING
 
-USER_ATTRIBUTES = ("age", "gender", "occupation", "zip_code")
-ITEM_ATTRIBUTES = ("year", "genres")
-
 
 class AttributeTable:
     """Raw attributes indexed by id, looked up for a batch of ids with one ``searchsorted``."""

@@ -1,87 +1,89 @@
-"""Cascade's default feature set for the MovieLens schema, and the columns each model reads."""
+"""The feature workflow a data set's schema calls for, and the model inputs built from it.
+
+What each declared feature adds is decided in ``core/features/schema.py``; this module turns
+that into feature ops (``build_workflow``) and assembles the ranker's dense input.
+"""
 
 from __future__ import annotations
 
+import numpy as np
+
 from core.features.ops import (
     Categorify,
+    Columns,
     CountEncode,
+    FeatureOp,
     GroupMean,
     MultiHot,
     Standardize,
     TargetEncode,
     Temporal,
 )
+from core.features.schema import MOVIELENS, TIME_CARDINALITY, FeatureSchema
 from core.features.workflow import Workflow
 
 LABEL = "label"
 LIKED_RATING = 4.0  # ranking: label = rating >= 4, rows with rating == 3 dropped
+DENSE = "dense"  # standardised [rows, len(schema.dense_inputs)]
 
-# Categorical id columns, each one embedding table in DLRM (order = table order).
-SPARSE_COLUMNS = (
-    "user_id_idx",
-    "item_id_idx",
-    "gender_idx",
-    "age_idx",
-    "occupation_idx",
-    "zip_code_idx",
-    "year_idx",
-    "genres_first_idx",
-    "hour",
-    "weekday",
-)
-# Cardinality of the columns that are not categorified (fixed ranges).
-FIXED_CARDINALITY = {"hour": 24, "weekday": 7}
 
-DENSE_INPUTS = (
-    "user_id_idx_count",
-    "item_id_idx_count",
-    "user_id_idx_te_label",
-    "item_id_idx_te_label",
-    "occupation_idx_te_label",
-    "user_mean_item_year",
-    "item_mean_user_age",
-    "item_age_years",
-)
-DENSE = "dense"  # standardised [rows, len(DENSE_INPUTS)]
-GENRES = "genres_multi_hot"  # [rows, n_genres]
-
-USER_TOWER_COLUMNS = ("user_id_idx", "gender_idx", "age_idx", "occupation_idx", "zip_code_idx")
-ITEM_TOWER_COLUMNS = ("item_id_idx", "year_idx", "genres_first_idx")
+def build_workflow(schema: FeatureSchema, min_frequency: int = 1, seed: int = 0) -> Workflow:
+    """The fitted-once workflow every model and the serving side share, for ``schema``
+    (what each declared feature adds: ``core/features/schema.py``)."""
+    ops: list[FeatureOp] = [
+        Categorify("user_id", min_frequency),
+        Categorify("item_id", min_frequency),
+    ]
+    for feature in (*schema.user, *schema.item):
+        if feature.kind == "multi_categorical":
+            ops.append(MultiHot(feature.name, feature.separator or "|"))
+        else:
+            rare = max(feature.min_frequency, min_frequency) if feature.min_frequency > 1 else 1
+            ops.append(Categorify(feature.name, rare, numeric=feature.kind == "numeric"))
+    aged = schema.item_age
+    ops += [
+        Temporal("timestamp", aged.name if aged is not None else None),
+        CountEncode("user_id_idx"),
+        CountEncode("item_id_idx"),
+        TargetEncode("user_id_idx", LABEL, seed=seed),
+        TargetEncode("item_id_idx", LABEL, seed=seed + 1),
+    ]
+    ops += [
+        TargetEncode(f"{feature.name}_idx", LABEL, seed=seed + 2 + i)
+        for i, feature in enumerate(schema.target_encoded)
+    ]
+    ops += [
+        GroupMean("user_id_idx", f.name, f"user_mean_item_{f.name}")
+        for f in schema.item
+        if f.kind == "numeric"
+    ]
+    ops += [
+        GroupMean("item_id_idx", f.name, f"item_mean_user_{f.name}")
+        for f in schema.user
+        if f.kind == "numeric"
+    ]
+    ops.append(Standardize(list(schema.dense_inputs), DENSE))
+    return Workflow(ops, schema)
 
 
 def default_workflow(min_frequency: int = 1, seed: int = 0) -> Workflow:
-    """The fitted-once workflow every model and the serving side share."""
-    return Workflow(
-        [
-            Categorify("user_id", min_frequency),
-            Categorify("item_id", min_frequency),
-            Categorify("gender"),
-            Categorify("age", numeric=True),
-            Categorify("occupation"),
-            Categorify("zip_code", min_frequency=max(2, min_frequency)),
-            Categorify("year", numeric=True),
-            MultiHot("genres"),
-            Temporal("timestamp", "year"),
-            CountEncode("user_id_idx"),
-            CountEncode("item_id_idx"),
-            TargetEncode("user_id_idx", LABEL, seed=seed),
-            TargetEncode("item_id_idx", LABEL, seed=seed + 1),
-            TargetEncode("occupation_idx", LABEL, seed=seed + 2),
-            GroupMean("user_id_idx", "year", "user_mean_item_year"),
-            GroupMean("item_id_idx", "age", "item_mean_user_age"),
-            Standardize(list(DENSE_INPUTS), DENSE),
-        ]
-    )
+    """The MovieLens workflow (``build_workflow`` of ``MOVIELENS``)."""
+    return build_workflow(MOVIELENS, min_frequency, seed)
+
+
+def dense_block(encoded: Columns, schema: FeatureSchema) -> np.ndarray:
+    """The ranker's dense input: the standardised dense columns, then the multi-hot blocks."""
+    blocks = [encoded[DENSE], *(encoded[name] for name in schema.multi_hot_columns)]
+    return np.concatenate(blocks, axis=1).astype(np.float32)
 
 
 def cardinality(workflow: Workflow, column: str) -> int:
     """Embedding-table size for a sparse column."""
-    if column in FIXED_CARDINALITY:
-        return FIXED_CARDINALITY[column]
-    if column == "genres_first_idx":
-        op = workflow.op(column)
-        assert isinstance(op, MultiHot) and op.vocabulary is not None
-        return len(op.vocabulary) + 1
+    if column in TIME_CARDINALITY:
+        return TIME_CARDINALITY[column]
     op = workflow.op(column)
+    if isinstance(op, MultiHot):
+        assert op.vocabulary is not None
+        return len(op.vocabulary) + 1
     assert isinstance(op, Categorify)
     return op.cardinality

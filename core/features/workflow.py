@@ -14,15 +14,18 @@ import numpy as np
 
 from core.errors import ArtifactError
 from core.features.ops import REGISTRY, Columns, FeatureOp
+from core.features.schema import MOVIELENS, FeatureSchema
 
 FORMAT_VERSION = 1
 
 
 class Workflow:
-    """An ordered list of feature ops; later ops may read earlier ops' outputs."""
+    """An ordered list of feature ops; later ops may read earlier ops' outputs, and the
+    schema they were built for (which columns the models read)."""
 
-    def __init__(self, ops: list[FeatureOp]) -> None:
+    def __init__(self, ops: list[FeatureOp], schema: FeatureSchema = MOVIELENS) -> None:
         self.ops = ops
+        self.schema = schema
 
     def fit_transform(self, columns: Columns) -> Columns:
         """Fit every op on the training rows and return the rows with all outputs added.
@@ -65,6 +68,7 @@ class Workflow:
         spec = {
             "format_version": FORMAT_VERSION,
             "ops": [{"kind": op.kind, "config": op.config()} for op in self.ops],
+            "schema": self.schema.to_dict(),
         }
         arrays = {
             f"{i}/{name}": value
@@ -99,4 +103,6 @@ class Workflow:
             prefix = f"{i}/"
             op.load_arrays({k[len(prefix) :]: v for k, v in stored.items() if k.startswith(prefix)})
             ops.append(op)
-        return cls(ops)
+        # workflows saved before schemas were recorded are MovieLens's
+        schema = spec.get("schema")
+        return cls(ops, FeatureSchema.from_dict(schema) if schema is not None else MOVIELENS)

@@ -13,12 +13,11 @@ from core.export.drift_reference import (
     DEFAULT_BINS,
     ITEM_QUANTITIES,
     USER_QUANTITIES,
+    Extractor,
     Reference,
-    item_values,
-    user_values,
 )
-from core.features.rows import ITEM_ATTRIBUTES, USER_ATTRIBUTES, AttributeTable, join_rows
-from core.features.spec import DENSE, GENRES, SPARSE_COLUMNS
+from core.features.rows import AttributeTable, join_rows
+from core.features.spec import dense_block
 from core.features.workflow import Workflow
 from pipelines.prepare import user_tower_inputs
 
@@ -79,30 +78,41 @@ def replay_reference(
     rows = np.repeat(np.arange(len(user_ids)), per_user)
     stamps = exported_at - rng.integers(0, REPLAY_SPAN_S, len(user_ids))
     columns = join_rows(
-        AttributeTable(table, "user_id", USER_ATTRIBUTES),
-        AttributeTable(pd.read_parquet(online / "items.parquet"), "item_id", ITEM_ATTRIBUTES),
+        AttributeTable(table, "user_id", workflow.schema.user_attributes),
+        AttributeTable(
+            pd.read_parquet(online / "items.parquet"), "item_id", workflow.schema.item_attributes
+        ),
         user_ids[rows],
         item_ids[positions[keep]],
         stamps[rows],
     )
     encoded = workflow.transform(columns)
-    sparse = np.stack([encoded[c] for c in SPARSE_COLUMNS], axis=1).astype(np.int64)
-    dense = np.concatenate([encoded[DENSE], encoded[GENRES]], axis=1).astype(np.float32)
+    schema = workflow.schema
+    sparse = np.stack([encoded[c] for c in schema.sparse_columns], axis=1).astype(np.int64)
+    dense = dense_block(encoded, schema)
+    extract = Extractor(schema)
     probability = 1.0 / (1.0 + np.exp(-np.asarray(rank(sparse, dense), np.float64).reshape(-1)))
     first = np.r_[0, np.cumsum(per_user)[:-1]][per_user > 0]  # each user's first row
     lengths = np.asarray([min(len(r), history_length) for r in recent])[per_user > 0]
     user_block = np.stack(
-        [user_values(sparse[i], dense[i], int(n)) for i, n in zip(first, lengths, strict=True)]
+        [
+            extract.user_values(sparse[i], dense[i], int(n))
+            for i, n in zip(first, lengths, strict=True)
+        ]
     )
-    item_block = item_values(sparse, dense, scores[keep], probability)
+    item_block = extract.item_values(sparse, dense, scores[keep], probability)
     weights = 1.0 / per_user[rows]
+    # a quantity whose input the schema lacks (NaN) is not monitored for this data set
     references = {
-        name: Reference.fit(user_block[:, j], None, bins) for j, name in enumerate(USER_QUANTITIES)
+        name: Reference.fit(user_block[:, j], None, bins)
+        for j, name in enumerate(USER_QUANTITIES)
+        if not np.isnan(user_block[:, j]).all()
     }
     references.update(
         {
             name: Reference.fit(item_block[:, j], weights, bins)
             for j, name in enumerate(ITEM_QUANTITIES)
+            if not np.isnan(item_block[:, j]).all()
         }
     )
     method = {

@@ -17,10 +17,9 @@ from core.errors import ArtifactError
 from core.export.drift_reference import REFERENCE_FILE, write_reference
 from core.export.item_index import build_index, index_kind, save_index
 from core.export.repository import VersionWriter
-from core.features.spec import SPARSE_COLUMNS
 from core.features.workflow import Workflow
 from core.item_neighbors import DIRECTORY as NEIGHBORS
-from core.tree_ranker import TREE_CATEGORICAL, TreeRanker, tree_features
+from core.tree_ranker import TreeRanker, categorical_positions, tree_categorical, tree_features
 from pipelines.config import TrainConfig
 from pipelines.export.drift_replay import replay_reference
 from pipelines.export.onnx_models import export_dlrm_dense, export_query_tower
@@ -67,21 +66,22 @@ def _add_triton_files(root: Path, model: str, staged: Path) -> None:
 
 def _write_ranker(model_dir: Path, workdir: Path, workflow: Workflow, config: TrainConfig) -> float:
     """DLRM dense part as ONNX, one ``.npy`` per embedding table, tree model, blend weight."""
-    valid = ranking_inputs(workdir / "ranking_valid.parquet")
+    valid = ranking_inputs(workdir / "ranking_valid.parquet", workflow.schema)
     dlrm = build_dlrm(workflow, valid["dense"].shape[1], config)
     dlrm.load_state_dict(torch.load(workdir / "models" / "dlrm.pt", weights_only=True))
     dlrm.eval()
     tables = model_dir / "embeddings"
     tables.mkdir()
     weights = dlrm.table_weights()
-    for column, weight in zip(SPARSE_COLUMNS, weights, strict=True):
+    sparse_columns = workflow.schema.sparse_columns
+    for column, weight in zip(sparse_columns, weights, strict=True):
         np.save(tables / f"{column}.npy", weight.detach().numpy().astype(np.float32))
     (tables / "tables.json").write_text(
         json.dumps(
             {
-                "columns": list(SPARSE_COLUMNS),
+                "columns": list(sparse_columns),
                 "dim": config.dlrm_dim,
-                "rows": {c: int(w.shape[0]) for c, w in zip(SPARSE_COLUMNS, weights, strict=True)},
+                "rows": {c: int(w.shape[0]) for c, w in zip(sparse_columns, weights, strict=True)},
             },
             indent=2,
         )
@@ -97,8 +97,8 @@ def _write_ranker(model_dir: Path, workdir: Path, workflow: Workflow, config: Tr
         json.dumps(
             {
                 "dlrm_weight": ranking["blend_weight"],
-                "tree_categorical": list(TREE_CATEGORICAL),
-                "sparse_columns": list(SPARSE_COLUMNS),
+                "tree_categorical": list(tree_categorical(workflow)),
+                "sparse_columns": list(sparse_columns),
             },
             indent=2,
         )
@@ -117,12 +117,13 @@ def _write_drift_reference(
 ) -> None:
     """``drift_reference.json``: the monitored quantities' bins from a replay of serving-like
     requests through this version's trained models (see ``drift_reference``)."""
-    valid = ranking_inputs(workdir / "ranking_valid.parquet")
+    valid = ranking_inputs(workdir / "ranking_valid.parquet", workflow.schema)
     dlrm = build_dlrm(workflow, valid["dense"].shape[1], config)
     dlrm.load_state_dict(torch.load(workdir / "models" / "dlrm.pt", weights_only=True))
     dlrm.eval()
     query.eval()
     tree = TreeRanker.load(workdir / "models" / "gbm.txt")
+    picked = categorical_positions(workflow.schema.sparse_columns, tree_categorical(workflow))
     weight = float(json.loads((workdir / "ranking_result.json").read_text())["blend_weight"])
 
     @torch.no_grad()
@@ -139,7 +140,7 @@ def _write_drift_reference(
             .reshape(-1)
             for i in range(0, len(sparse), step)
         ]
-        tree_logits = tree.logits(tree_features({"sparse": sparse, "dense": dense})[0])
+        tree_logits = tree.logits(tree_features({"sparse": sparse, "dense": dense}, picked)[0])
         return weight * np.concatenate([*logits, np.zeros(0, np.float32)]) + (
             1 - weight
         ) * np.asarray(tree_logits).reshape(-1)

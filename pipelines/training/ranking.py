@@ -12,16 +12,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from core.features.spec import (
-    DENSE,
-    DENSE_INPUTS,
-    GENRES,
-    LABEL,
-    SPARSE_COLUMNS,
-    cardinality,
-)
+from core.features.schema import FeatureSchema
+from core.features.spec import DENSE, LABEL, cardinality
 from core.features.workflow import Workflow
-from core.tree_ranker import TreeRanker, tree_features
+from core.tree_ranker import TreeRanker, categorical_positions, tree_categorical, tree_features
 from pipelines.config import TrainConfig
 from pipelines.dataloader import ParquetBatchLoader
 from pipelines.evaluation.metrics import auc, logloss, sigmoid
@@ -37,13 +31,24 @@ from pipelines.training.loop import (
     train_epochs,
 )
 
-GROUPS = {"sparse": list(SPARSE_COLUMNS), "dense": [DENSE, GENRES], "label": [LABEL]}
+ITEM_COUNT_AT = 1  # "item_id_idx_count" in every schema's dense inputs (schema.dense_inputs)
 
 
-def ranking_inputs(path: Path) -> dict[str, np.ndarray]:
+def ranking_groups(schema: FeatureSchema) -> dict[str, list[str]]:
+    """The loader's groups of ``ranking_*.parquet`` columns: sparse ids, dense (the standardised
+    columns, then the multi-hot blocks), label."""
+    return {
+        "sparse": list(schema.sparse_columns),
+        "dense": [DENSE, *schema.multi_hot_columns],
+        "label": [LABEL],
+    }
+
+
+def ranking_inputs(path: Path, schema: FeatureSchema) -> dict[str, np.ndarray]:
     """A whole split as ``sparse [n, T]`` int64, ``dense [n, D]`` float32, ``label [n]``."""
     names = {
-        out: [c for g in groups for c in column_names(path, g)] for out, groups in GROUPS.items()
+        out: [c for g in groups for c in column_names(path, g)]
+        for out, groups in ranking_groups(schema).items()
     }
     columns = read_columns(path, [c for group in names.values() for c in group])
     return {
@@ -64,11 +69,13 @@ def dlrm_logits(model: DLRM, inputs: dict[str, np.ndarray]) -> np.ndarray:
 
 
 def build_dlrm(workflow: Workflow, n_dense: int, config: TrainConfig) -> DLRM:
-    return DLRM([cardinality(workflow, c) for c in SPARSE_COLUMNS], n_dense, dim=config.dlrm_dim)
+    tables = [cardinality(workflow, c) for c in workflow.schema.sparse_columns]
+    return DLRM(tables, n_dense, dim=config.dlrm_dim)
 
 
 def train_dlrm(
     model: DLRM,
+    schema: FeatureSchema,
     workdir: Path,
     valid: dict[str, np.ndarray],
     config: TrainConfig,
@@ -79,7 +86,7 @@ def train_dlrm(
     1M items a pass over the validation rows takes seconds)."""
     loader = ParquetBatchLoader(
         [workdir / "ranking_train.parquet"],
-        GROUPS,
+        ranking_groups(schema),
         config.dlrm_batch,
         dtypes={"sparse": torch.int64},
         seed=config.seed,
@@ -120,7 +127,7 @@ def train_dlrm(
 
 def popularity_logits(inputs: dict[str, np.ndarray]) -> np.ndarray:
     """The popularity ranker: the item's (standardised) training count as its score."""
-    return inputs["dense"][:, DENSE_INPUTS.index("item_id_idx_count")].astype(np.float64)
+    return inputs["dense"][:, ITEM_COUNT_AT].astype(np.float64)
 
 
 def fit_blend_weight(labels: np.ndarray, dlrm: np.ndarray, tree: np.ndarray) -> float:
@@ -142,15 +149,17 @@ def run_ranking(
     seed_everything(config.seed)
     torch.set_num_threads(config.torch_threads)
     workflow = Workflow.load(workdir / "workflow")
-    valid = ranking_inputs(workdir / "ranking_valid.parquet")
-    test = ranking_inputs(workdir / "ranking_test.parquet")
+    schema = workflow.schema
+    valid = ranking_inputs(workdir / "ranking_valid.parquet", schema)
+    test = ranking_inputs(workdir / "ranking_test.parquet", schema)
     model = build_dlrm(workflow, valid["dense"].shape[1], config)
-    dlrm_curve, valid_dlrm = train_dlrm(model, workdir, valid, config, report)
+    dlrm_curve, valid_dlrm = train_dlrm(model, schema, workdir, valid, config, report)
 
-    train = ranking_inputs(workdir / "ranking_train.parquet")
+    train = ranking_inputs(workdir / "ranking_train.parquet", schema)
     tree = TreeRanker()
-    train_x, categorical = tree_features(train)
-    valid_x, _ = tree_features(valid)
+    picked = categorical_positions(schema.sparse_columns, tree_categorical(workflow))
+    train_x, categorical = tree_features(train, picked)
+    valid_x, _ = tree_features(valid, picked)
     tree_curve = tree.fit(
         train_x,
         train["label"],
@@ -177,7 +186,7 @@ def run_ranking(
     (report or print)(describe(check))
 
     test_dlrm = dlrm_logits(model, test)
-    test_tree = tree.logits(tree_features(test)[0], config.threads)
+    test_tree = tree.logits(tree_features(test, picked)[0], config.threads)
     result = {
         "metrics": {
             "dlrm": _scores(test["label"], test_dlrm),

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from core.features.ops.categorify import OOV_ID
-from core.features.spec import ITEM_TOWER_COLUMNS, USER_TOWER_COLUMNS, cardinality
+from core.features.spec import cardinality
 from core.features.workflow import Workflow
 from core.item_neighbors import DIRECTORY as NEIGHBORS
 from core.item_neighbors import ItemNeighbors, merge_candidates
@@ -65,7 +65,7 @@ def build_two_tower(workflow: Workflow, n_item_dense: int, config: TrainConfig) 
 def build_member(workflow: Workflow, n_item_dense: int, config: TrainConfig) -> TwoTower:
     """One two-tower with the sizes of ``config``."""
     query = QueryTower(
-        [cardinality(workflow, c) for c in USER_TOWER_COLUMNS],
+        [cardinality(workflow, c) for c in workflow.schema.user_tower_columns],
         n_items=cardinality(workflow, "item_id_idx"),
         feature_dim=config.two_tower_user_feature_dim,
         history_dim=config.two_tower_history_dim,
@@ -74,7 +74,7 @@ def build_member(workflow: Workflow, n_item_dense: int, config: TrainConfig) -> 
         skip=config.two_tower_linear_skip,
     )
     item = ItemTower(
-        [cardinality(workflow, c) for c in ITEM_TOWER_COLUMNS],
+        [cardinality(workflow, c) for c in workflow.schema.item_tower_columns],
         n_item_dense,
         feature_dim=config.two_tower_item_feature_dim,
         hidden=config.two_tower_hidden,

@@ -35,10 +35,9 @@ from prometheus_client import Gauge
 from core.errors import ArtifactError
 from core.export.drift_reference import (
     REFERENCE_FILE,
+    Extractor,
     Reference,
-    item_values,
     read_reference,
-    user_values,
 )
 from core.export.verify import file_sha256, manifest_files
 from services.drift.window import QuantityStats, VersionWindow
@@ -120,6 +119,7 @@ class DriftMonitor:
         self.clock = clock
         self.rng = np.random.default_rng(seed)
         self.windows: dict[int, VersionWindow] = {}
+        self.extractors: dict[int, Extractor] = {}  # per version: its schema's quantities
         self.without: set[int] = set()  # served versions with no (usable) reference
         self.exported: dict[str, set[str]] = {}  # model_version label -> features with series
         self.failed = False
@@ -146,6 +146,7 @@ class DriftMonitor:
         served = self.releases()
         for version in [v for v in self.windows if v not in served]:
             del self.windows[version]
+            self.extractors.pop(version, None)
         self.without &= set(served)
         for version, release in list(served.items()):
             if version in self.windows or version in self.without:
@@ -165,6 +166,7 @@ class DriftMonitor:
                 self.without.add(version)
                 continue
             self.windows[version] = window
+            self.extractors[version] = Extractor(release.workflow.schema)
 
     def observe_scored(
         self, ctx: RequestContext, sparse: np.ndarray, dense: np.ndarray, scores: np.ndarray
@@ -175,9 +177,12 @@ class DriftMonitor:
             return
         try:
             history = len(ctx.user.recent) if ctx.user is not None else 0
-            user = user_values(sparse[0], dense[0], min(history, window.history_length))
+            extract = self.extractors[ctx.model_version]
+            user = extract.user_values(sparse[0], dense[0], min(history, window.history_length))
             rows = self.rng.integers(0, len(sparse), min(self.settings.item_sample, len(sparse)))
-            items = item_values(sparse[rows], dense[rows], ctx.retrieval_scores[rows], scores[rows])
+            items = extract.item_values(
+                sparse[rows], dense[rows], ctx.retrieval_scores[rows], scores[rows]
+            )
             window.add(user, items, self.clock())
         except Exception:  # never fail a request for a statistic
             self._failed_once()

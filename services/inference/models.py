@@ -13,7 +13,7 @@ import onnxruntime as ort
 
 from core.errors import ArtifactError
 from core.export.verify import verify_model_directory
-from core.tree_ranker import TreeRanker, tree_features
+from core.tree_ranker import TreeRanker, categorical_positions, tree_features
 from services.inference.embeddings import (
     EmbeddingLookup,
     InMemoryTables,
@@ -142,6 +142,7 @@ class RankingModel:
         self.session: ort.InferenceSession | None = None
         self.tree: TreeRanker | None = None
         self.dlrm_weight = 0.5
+        self.tree_columns: list[int] = []  # the tree's categorical columns in ``sparse``
         self.tables = 0  # sparse columns (one embedding table each), known after load()
         self.dense_width = 0
 
@@ -152,7 +153,11 @@ class RankingModel:
         blend_path = self.directory / "blend.json"
         if not blend_path.is_file():
             raise ArtifactError(f"{blend_path} is missing")
-        self.dlrm_weight = float(json.loads(blend_path.read_text())["dlrm_weight"])
+        blend = json.loads(blend_path.read_text())
+        self.dlrm_weight = float(blend["dlrm_weight"])
+        self.tree_columns = categorical_positions(
+            blend["sparse_columns"], blend["tree_categorical"]
+        )
         self.session = _session(self.directory / "dlrm_dense.onnx")
         shapes = {i.name: i.shape for i in self.session.get_inputs()}
         self.tables, self.dense_width = int(shapes["embedded"][1]), int(shapes["dense"][1])
@@ -184,6 +189,7 @@ class RankingModel:
             return np.zeros(0, dtype=np.float32), False
         embedded = self.embeddings.lookup(sparse)
         dlrm = self.session.run(None, {"dense": dense.astype(np.float32), "embedded": embedded})[0]
-        tree = self.tree.logits(tree_features({"sparse": sparse, "dense": dense})[0])
+        inputs = {"sparse": sparse, "dense": dense}
+        tree = self.tree.logits(tree_features(inputs, self.tree_columns)[0])
         scores = (self.dlrm_weight * dlrm + (1 - self.dlrm_weight) * tree).astype(np.float32)
         return scores, self.embeddings.degraded

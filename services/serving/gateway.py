@@ -12,7 +12,6 @@ import time
 
 import numpy as np
 
-from core.features.spec import USER_TOWER_COLUMNS
 from services.drift.counting import DriftMonitor
 from services.errors import FeedbackNotDurable, NotReady
 from services.events.impressions import ImpressionLog
@@ -173,7 +172,7 @@ class Gateway:
                 await asyncio.wait_for(
                     self.backend.encode_query(
                         version,
-                        np.zeros((1, len(USER_TOWER_COLUMNS)), np.int64),
+                        np.zeros((1, len(release.workflow.schema.user_tower_columns)), np.int64),
                         np.zeros((1, release.features.history_length), np.int64),
                     ),
                     30,

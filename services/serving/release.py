@@ -21,7 +21,8 @@ from core.errors import ArtifactError
 from core.export.item_index import load_index
 from core.export.repository import MANIFEST, complete_versions, latest_version
 from core.export.verify import verify_version
-from core.features.rows import ITEM_ATTRIBUTES, AttributeTable
+from core.features.rows import AttributeTable
+from core.features.schema import FeatureSchema
 from core.features.workflow import Workflow
 from core.item_neighbors import DIRECTORY as NEIGHBORS
 from core.item_neighbors import ItemNeighbors
@@ -39,8 +40,8 @@ class Release:
     popularity: np.ndarray  # catalog positions, most popular first
     workflow: Workflow
     items: AttributeTable  # raw item attributes by id
-    primary_genre: np.ndarray  # [n_items] first genre name ('' if none)
-    genres: np.ndarray  # [n_items] '|'-joined genre names
+    primary_genre: np.ndarray  # [n_items] first category ('' if none): diversity's key
+    genres: np.ndarray  # [n_items] '|'-joined categories (rules' `genres:`; ``categories``)
     features: RequestFeatures  # a request's model inputs
     # the second retrieval source and the item embeddings that score its candidates (memory
     # mapped: only the rows read are paged in); None for a release exported without them
@@ -87,10 +88,9 @@ def load_release(root: Path, version: int | None = None) -> Release:
         faiss.omp_set_num_threads(1)  # one request's search is small; leave cores to others
     popular = json.loads((directory / "popularity.json").read_text())["item_ids"]
     items = pd.read_parquet(directory / "online" / "items.parquet")
-    by_position = items.set_index("item_id").reindex(item_ids)
-    genres = by_position["genres"].fillna("").to_numpy(dtype=str)
     workflow = Workflow.load(directory / "workflow")
-    table = AttributeTable(items, "item_id", ITEM_ATTRIBUTES)
+    genres = categories(items.set_index("item_id").reindex(item_ids), workflow.schema)
+    table = AttributeTable(items, "item_id", workflow.schema.item_attributes)
     item_columns = workflow.transform(  # the catalog's features, encoded once per release
         {"item_id": item_ids, **table.lookup(item_ids)}, partial=True
     )
@@ -110,6 +110,25 @@ def load_release(root: Path, version: int | None = None) -> Release:
     if (directory / NEIGHBORS).is_dir():
         release.neighbors, release.embeddings = _neighbor_source(directory, index)
     return release
+
+
+def categories(items: pd.DataFrame, schema: FeatureSchema) -> np.ndarray:
+    """Each item's categories, ``|``-joined: the values of its first multi-categorical
+    feature (MovieLens: genres), else of its first categorical one, else none. Business
+    rules (``genres:``) and the diversity cap read them."""
+    multi = schema.item_multi
+    single = [f for f in schema.item if f.kind in ("categorical", "bool")]
+    if multi:
+        values = items[multi[0].name].fillna("").astype(str)
+        separator = multi[0].separator or "|"
+        if separator != "|":
+            values = values.str.replace(separator, "|", regex=False)
+    elif single:
+        values = items[single[0].name].astype(object).where(items[single[0].name].notna(), "")
+        values = values.astype(str)
+    else:
+        return np.full(len(items), "", dtype=str)
+    return values.to_numpy(dtype=str)
 
 
 def _neighbor_source(directory: Path, index: faiss.Index) -> tuple[ItemNeighbors, np.ndarray]:

@@ -19,18 +19,18 @@ from collections.abc import Mapping
 import numpy as np
 
 from core.features.ops import Columns
-from core.features.rows import USER_ATTRIBUTES
-from core.features.spec import DENSE, GENRES, SPARSE_COLUMNS, USER_TOWER_COLUMNS
+from core.features.schema import FeatureSchema
+from core.features.spec import DENSE, dense_block
 from core.features.workflow import Workflow
 from services.serving.context import RequestContext
 
 TIMESTAMP = "timestamp"
 
 
-def raw_user(user_id: int, attributes: Mapping[str, str | None]) -> Columns:
+def raw_user(schema: FeatureSchema, user_id: int, attributes: Mapping[str, str | None]) -> Columns:
     """One user's raw row: the id and every attribute (None where the store has none)."""
     row: Columns = {"user_id": np.asarray([user_id], dtype=np.int64)}
-    for name in USER_ATTRIBUTES:
+    for name in schema.user_attributes:
         row[name] = np.asarray([attributes.get(name)], dtype=object)
     return row
 
@@ -69,13 +69,14 @@ class RequestFeatures:
 
     def __init__(self, workflow: Workflow, item_columns: Columns, history_length: int) -> None:
         self.workflow = workflow
+        self.schema = workflow.schema
         self.history_length = history_length
         self.item_id_op = workflow.op("item_id_idx")
-        user_keys = set(workflow.transform(raw_user(0, {}), partial=True))
+        user_keys = set(workflow.transform(raw_user(self.schema, 0, {}), partial=True))
         present = user_keys | set(item_columns) | {TIMESTAMP}
         # What ``transform(rows, reuse=True)`` would still run on the joined rows, in order.
         self.request_ops = [op for op in workflow.ops if not set(op.outputs) <= present]
-        needed = {*SPARSE_COLUMNS, DENSE, GENRES, TIMESTAMP}
+        needed = {*self.schema.sparse_columns, DENSE, *self.schema.multi_hot_columns, TIMESTAMP}
         for op in self.request_ops:
             needed.update(op.transform_inputs)
         self.user_keys = sorted(user_keys & needed)
@@ -86,7 +87,7 @@ class RequestFeatures:
         if ctx.encoded_user is None:
             attributes = ctx.user.attributes if ctx.user is not None else {}
             ctx.encoded_user = self.workflow.transform(
-                raw_user(ctx.user_id, attributes), partial=True
+                raw_user(self.schema, ctx.user_id, attributes), partial=True
             )
         return ctx.encoded_user
 
@@ -94,7 +95,8 @@ class RequestFeatures:
         """``[1, F]`` user id-features and ``[1, history_length]`` history (left-padded with
         0) for the query tower."""
         encoded = self.user(ctx)
-        features = np.stack([encoded[c] for c in USER_TOWER_COLUMNS], axis=1).astype(np.int64)
+        columns = self.schema.user_tower_columns
+        features = np.stack([encoded[c] for c in columns], axis=1).astype(np.int64)
         length = self.history_length
         history = np.zeros((1, length), dtype=np.int64)
         recent = np.asarray(ctx.user.recent if ctx.user is not None else [], dtype=np.int64)
@@ -115,6 +117,5 @@ class RequestFeatures:
         rows[TIMESTAMP] = np.full(n, ctx.timestamp, dtype=np.int64)
         for op in self.request_ops:
             rows.update(op.transform(rows))
-        sparse = np.stack([rows[c] for c in SPARSE_COLUMNS], axis=1).astype(np.int64)
-        dense = np.concatenate([rows[DENSE], rows[GENRES]], axis=1).astype(np.float32)
-        return sparse, dense
+        sparse = np.stack([rows[c] for c in self.schema.sparse_columns], axis=1).astype(np.int64)
+        return sparse, dense_block(rows, self.schema)

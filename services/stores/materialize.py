@@ -10,7 +10,6 @@ import pandas as pd
 
 from core.errors import ArtifactError
 from core.export.verify import verify_model_directory, verify_version
-from core.features.rows import USER_ATTRIBUTES
 from services.embedding_cache.backing import RedisRows
 from services.inference.embeddings import read_table_spec
 from services.stores.base import OnlineStore, UserRecord
@@ -31,9 +30,10 @@ def user_records(release_dir: Path) -> list[UserRecord]:
     histories = pd.read_parquet(online / "histories.parquet").set_index("user_id")
     empty = np.zeros(0, np.int64)
     records = []
+    names = [c for c in users.columns if c != "user_id"]  # the schema's user features
     for row in users.itertuples(index=False):
         user_id = int(row.user_id)  # type: ignore[arg-type]
-        attributes = {name: str(getattr(row, name)) for name in USER_ATTRIBUTES}
+        attributes = {name: str(getattr(row, name)) for name in names}
         if user_id in histories.index:
             history = histories.loc[user_id]
             recent = np.asarray(history["recent"], np.int64)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from core.features.ops import Standardize, Temporal
-from core.features.spec import USER_TOWER_COLUMNS
+from core.features.schema import MOVIELENS
 from services.serving.context import RequestContext
 from services.serving.release import Release, load_release
 from services.stores.base import UserRecord
@@ -50,7 +50,9 @@ def test_query_inputs_equal_a_full_transform_of_the_user_and_history(
     raw = {"user_id": np.asarray([7])}
     raw.update({k: np.asarray([v], dtype=object) for k, v in ctx.user.attributes.items()})
     full = release.workflow.transform(raw, partial=True)
-    np.testing.assert_array_equal(features, np.stack([full[c] for c in USER_TOWER_COLUMNS], 1))
+    np.testing.assert_array_equal(
+        features, np.stack([full[c] for c in MOVIELENS.user_tower_columns], 1)
+    )
     length = int(release.manifest["config"]["history_length"])
     expected = np.zeros((1, length), dtype=np.int64)
     kept = recent[-length:]

@@ -275,16 +275,17 @@ def test_diversity_order_keeps_the_first_items_of_each_genre() -> None:
 @pytest.mark.parametrize("known", [True, False])
 def test_serving_features_equal_one_full_workflow_transform(release: Release, known: bool) -> None:
     """Item columns cached at load + the user encoded once == the training-time transform."""
-    from core.features.rows import USER_ATTRIBUTES, AttributeTable, join_rows
-    from core.features.spec import DENSE, GENRES, SPARSE_COLUMNS
+    from core.features.rows import AttributeTable, join_rows
+    from core.features.schema import MOVIELENS
+    from core.features.spec import dense_block
 
     user = _user(release) if known else None
     ctx = _ctx(release, user=user)
     ctx.candidates = release.popularity[:25]
     sparse, dense = release.features.ranking_inputs(ctx)
-    attributes = user.attributes if user else dict.fromkeys(USER_ATTRIBUTES)
+    attributes = user.attributes if user else dict.fromkeys(MOVIELENS.user_attributes)
     users = AttributeTable(
-        pd.DataFrame([{"user_id": ctx.user_id, **attributes}]), "user_id", USER_ATTRIBUTES
+        pd.DataFrame([{"user_id": ctx.user_id, **attributes}]), "user_id", MOVIELENS.user_attributes
     )
     n = len(ctx.candidates)
     rows = join_rows(
@@ -295,8 +296,10 @@ def test_serving_features_equal_one_full_workflow_transform(release: Release, kn
         np.full(n, ctx.timestamp),
     )
     full = release.workflow.transform(rows)
-    np.testing.assert_array_equal(sparse, np.stack([full[c] for c in SPARSE_COLUMNS], axis=1))
-    np.testing.assert_array_equal(dense, np.concatenate([full[DENSE], full[GENRES]], axis=1))
+    np.testing.assert_array_equal(
+        sparse, np.stack([full[c] for c in MOVIELENS.sparse_columns], axis=1)
+    )
+    np.testing.assert_array_equal(dense, dense_block(full, MOVIELENS))
 
 
 async def test_scoring_flags_default_embedding_rows(exported: Path, release: Release) -> None:

@@ -8,19 +8,16 @@ import pytest
 
 from core.errors import ArtifactError
 from core.features.ops import Columns
-from core.features.rows import (
-    ITEM_ATTRIBUTES,
-    USER_ATTRIBUTES,
-    AttributeTable,
-    join_rows,
-    labelled_rows,
-)
-from core.features.spec import DENSE, GENRES, SPARSE_COLUMNS, default_workflow
+from core.features.rows import AttributeTable, join_rows, labelled_rows
+from core.features.schema import MOVIELENS
+from core.features.spec import DENSE, default_workflow
 from core.features.workflow import Workflow
 from pipelines.data.schema import RawDataset
 from pipelines.split import random_split
 
-MODEL_INPUTS = (*SPARSE_COLUMNS, DENSE, GENRES)
+GENRES = "genres_multi_hot"
+MODEL_INPUTS = (*MOVIELENS.sparse_columns, DENSE, GENRES)
+USER_ATTRIBUTES, ITEM_ATTRIBUTES = MOVIELENS.user_attributes, MOVIELENS.item_attributes
 
 
 def _fitted(dataset: RawDataset) -> tuple[Workflow, Columns, AttributeTable, AttributeTable]:

@@ -330,9 +330,10 @@ def test_dlrm_returns_the_kept_epochs_validation_logits(run: tuple[Path, Path, s
     work, _, _ = run
     torch.manual_seed(0)
     config = TrainConfig(dlrm_epochs=6, dlrm_lr=0.2, patience=10, torch_threads=1)
-    valid = ranking_inputs(work / "ranking_valid.parquet")
-    model = build_dlrm(Workflow.load(work / "workflow"), valid["dense"].shape[1], config)
-    curve, kept = train_dlrm(model, work, valid, config, report=lambda line: None)
+    workflow = Workflow.load(work / "workflow")
+    valid = ranking_inputs(work / "ranking_valid.parquet", workflow.schema)
+    model = build_dlrm(workflow, valid["dense"].shape[1], config)
+    curve, kept = train_dlrm(model, workflow.schema, work, valid, config, report=lambda _: None)
     best = [record for record in curve if record.get("best")]
     assert len(best) == 1 and len(curve) == 6
     np.testing.assert_allclose(kept, dlrm_logits(model, valid), rtol=1e-5, atol=1e-6)
