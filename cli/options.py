@@ -17,6 +17,8 @@ from typing import Any
 import annotated_types
 from pydantic import BaseModel, ValidationError
 
+from core.errors import UsageError
+
 Parse = Callable[[str], Any]
 
 
@@ -175,3 +177,29 @@ def settings(args: argparse.Namespace, **overrides: Any) -> Any:
     if args.artifacts is not None:
         overrides["artifacts"] = args.artifacts
     return Settings(**overrides)
+
+
+def add_dataset_options(parser: argparse.ArgumentParser, built_in_help: str) -> None:
+    """``--dataset`` (a built-in data set) or ``--data`` (a team's own, by its dataset file),
+    one or the other; ``dataset_source`` reads the choice."""
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument(
+        "--dataset", choices=["movielens", "synthetic"], default="movielens", help=built_in_help
+    )
+    source.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        metavar="DATASET_YAML",
+        help="your own data: a dataset file naming your event logs and item and user tables "
+        "(docs/your-data.md); replaces --dataset (default: none, --dataset is used)",
+    )
+
+
+def dataset_source(args: argparse.Namespace) -> str:
+    """The built-in data set's name, or the dataset file's path (checked to exist)."""
+    if args.data is None:
+        return str(args.dataset)
+    if not args.data.is_file():
+        raise UsageError(f"--data {args.data}: no such file (a dataset file, e.g. dataset.yaml)")
+    return str(args.data)

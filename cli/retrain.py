@@ -13,9 +13,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from cli import options as opt
+
 
 def add_parser(commands: Any) -> None:
-    from cli import options as opt
     from pipelines.config import TrainConfig
 
     parser = commands.add_parser(
@@ -41,12 +42,7 @@ def add_parser(commands: Any) -> None:
         default=None,
         help="cursor, snapshots, journal and work directory (default: <artifacts>/retrain)",
     )
-    parser.add_argument(
-        "--dataset",
-        choices=["movielens", "synthetic"],
-        default="movielens",
-        help="the base data set the logged outcomes are appended to (default: movielens)",
-    )
+    opt.add_dataset_options(parser, "the base data set the logged outcomes are appended to")
     parser.add_argument("--users", type=opt.positive_int, default=10_000, help="synthetic: users")
     parser.add_argument("--items", type=opt.positive_int, default=5_000, help="synthetic: items")
     parser.add_argument(
@@ -131,7 +127,7 @@ def _run_once(args: argparse.Namespace, trigger: dict[str, Any] | None = None) -
             artifacts=settings.artifacts,
             config=TrainConfig(**overrides),
             state_dir=args.state_dir,
-            dataset=args.dataset,
+            dataset=opt.dataset_source(args),
             synthetic_size=(args.users, args.items, args.interactions),
             base_fraction=args.base_fraction,
             gate_config=args.gate_config,

@@ -30,11 +30,8 @@ def add_parser(commands: Any) -> None:
         metavar="STEP",
         help=f"steps to run, from {', '.join(STEPS)} (default: all)",
     )
-    parser.add_argument(
-        "--dataset",
-        choices=["movielens", "synthetic"],
-        default="movielens",
-        help="MovieLens-100K (from the recbole wheel) or the synthetic generator",
+    opt.add_dataset_options(
+        parser, "MovieLens-100K (from the recbole wheel) or the synthetic generator"
     )
     parser.add_argument(
         "--users", type=opt.positive_int, default=10_000, help="synthetic: number of users"
@@ -86,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         args.output,
         config,
         steps=tuple(args.steps) or STEPS,
-        dataset=args.dataset,
+        dataset=opt.dataset_source(args),
         synthetic_size=(args.users, args.items, args.interactions),
         base_fraction=args.base_fraction,
     )

@@ -7,12 +7,15 @@ run one at a time (``cascade train prepare``, ``cascade train retrieval``, ...).
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from core.errors import ArtifactError, ConfigError
 from pipelines.config import STEPS, TrainConfig
+from pipelines.data.dataset_file import load_dataset_file
+from pipelines.data.ingest import ingest, load_ingested
 from pipelines.data.movielens import load_movielens_100k
 from pipelines.data.schema import RawDataset, oldest
 from pipelines.data.synthetic import make_synthetic
@@ -25,15 +28,43 @@ from pipelines.training.ranking import run_ranking
 from pipelines.training.retrieval import run_retrieval
 
 DATASET_INFO = "dataset.json"
+DATA_DIRECTORY = "data"  # a dataset file's data, converted (pipelines/data/ingest.py)
 
 
-def load_dataset(name: str, seed: int, synthetic_size: tuple[int, int, int]) -> RawDataset:
+def load_dataset(
+    name: str, seed: int, synthetic_size: tuple[int, int, int], workdir: Path | None = None
+) -> RawDataset:
+    """A built-in data set by name (``movielens``, ``synthetic``), or a team's own data by
+    the path of its dataset file (read and checked into ``workdir``/data first)."""
     if name == "movielens":
         return load_movielens_100k()
     if name == "synthetic":
         users, items, interactions = synthetic_size
         return make_synthetic(users, items, interactions, seed=seed)
-    raise ConfigError(f"unknown dataset {name!r}; choose movielens or synthetic")
+    if name.endswith((".yaml", ".yml")) or Path(name).is_file():
+        return load_data_file(Path(name), workdir or Path("artifacts/work"))
+    raise ConfigError(
+        f"unknown dataset {name!r}; choose movielens or synthetic, or give a dataset file "
+        "(--data dataset.yaml)"
+    )
+
+
+def load_data_file(path: Path, workdir: Path) -> RawDataset:
+    """Check and convert a team's data (its dataset file: docs/your-data.md) into
+    ``workdir/data``, then load it. Bad data fails before anything is replaced."""
+    dataset = load_dataset_file(path)
+    target, fresh = workdir / DATA_DIRECTORY, workdir / f"{DATA_DIRECTORY}.next"
+    shutil.rmtree(fresh, ignore_errors=True)
+    ingest(dataset, fresh)
+    shutil.rmtree(target, ignore_errors=True)
+    fresh.rename(target)
+    return load_ingested(target)
+
+
+def _source(dataset: str) -> str:
+    """What the data came from: a built-in name, or the dataset file's absolute path (so
+    `cascade retrain` reads the same data)."""
+    return dataset if dataset in ("movielens", "synthetic") else str(Path(dataset).resolve())
 
 
 def split_for(raw: RawDataset, config: TrainConfig) -> Split:
@@ -81,7 +112,7 @@ def run_pipeline(
         started = time.perf_counter()
         log(f"== {step}")
         if step == "prepare":
-            raw = oldest(load_dataset(dataset, config.seed, synthetic_size), base_fraction)
+            raw = oldest(load_dataset(dataset, config.seed, synthetic_size, workdir), base_fraction)
             log(
                 f"{raw.name}: {len(raw.users)} users, {len(raw.items)} items, "
                 f"{len(raw.interactions)} interactions"
@@ -97,6 +128,7 @@ def run_pipeline(
                 json.dumps(
                     {
                         "dataset": raw.name,
+                        "source": _source(dataset),
                         "data_hash": raw.content_hash(),
                         "split_protocol": config.split_protocol,
                         "base_fraction": base_fraction,

@@ -247,7 +247,15 @@ def combine(
     digest = hashlib.sha256(base.content_hash().encode())
     for column in INTERACTION_COLUMNS:
         digest.update(np.ascontiguousarray(kept[column].to_numpy()).tobytes())
-    combined = RawDataset(f"{base.name}+logs", base.users, base.items, interactions)
+    combined = RawDataset(
+        f"{base.name}+logs",
+        base.users,
+        base.items,
+        interactions,
+        schema=base.schema,
+        user_ids=base.user_ids,
+        item_ids=base.item_ids,
+    )
     timestamps = interactions["timestamp"].to_numpy()
     mask = learnt.mask(len(base.interactions), timestamps)
     digest.update(np.packbits(mask).tobytes())

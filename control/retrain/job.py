@@ -238,7 +238,9 @@ def run_retrain(
                 [state_dir.snapshot_path(r, "impressions") for r in runs], "impressions"
             )
             config = options.config
-            full_base = load_dataset(options.dataset, config.seed, options.synthetic_size)
+            full_base = load_dataset(
+                options.dataset, config.seed, options.synthetic_size, state_dir.work
+            )
             base = oldest(full_base, options.base_fraction)
             learnt = production_learnt(
                 root, production, full_base, oldest_rows(full_base, options.base_fraction)
