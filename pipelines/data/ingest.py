@@ -24,6 +24,7 @@ import json
 import os
 import shutil
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,7 @@ from core.errors import DataError
 from core.features.schema import Feature, FeatureSchema
 from core.ids import MAX_ID_LENGTH, IdKind, IdMap
 from pipelines.data.dataset_file import DatasetFile, InteractionsSpec, TableSpec
-from pipelines.data.reader import Batch, file_format, list_files, read_batches
+from pipelines.data.reader import Batch, file_format, file_schema, list_files, read_batches
 from pipelines.data.schema import RawDataset
 
 POSITIVE, RETRIEVAL_ONLY, NEGATIVE = 5.0, 3.0, 1.0
@@ -89,6 +90,124 @@ def _missing(values: pa.Array) -> np.ndarray:
 
 
 # --- ids ------------------------------------------------------------------------------------
+# --- string ids -----------------------------------------------------------------------------
+_M1, _M2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xC2B2AE3D27D4EB4F)
+_ALL = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+def _mix(h: np.ndarray) -> np.ndarray:
+    h ^= h >> np.uint64(31)
+    h *= _M2
+    h ^= h >> np.uint64(29)
+    return h
+
+
+def fingerprints(words: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """Two independent 64-bit hashes of each string of ``words`` (no nulls), computed on the
+    arrow buffers 8 bytes at a time: 128 bits that tell distinct ids apart."""
+    wide = pa.types.is_large_string(words.type)
+    offsets = np.frombuffer(words.buffers()[1], np.int64 if wide else np.int32)
+    offsets = offsets[words.offset : words.offset + len(words) + 1].astype(np.int64)
+    data = words.buffers()[2]
+    raw = np.zeros((data.size if data is not None else 0) + 8, np.uint8)
+    if data is not None:
+        raw[: data.size] = np.frombuffer(data, np.uint8)
+    window = np.ndarray((len(raw) - 7,), dtype="<u8", buffer=raw, strides=(1,))  # unaligned
+    start, length = offsets[:-1], np.diff(offsets)
+    with np.errstate(over="ignore"):
+        h1 = _mix(length.astype(np.uint64) * _M1)
+        h2 = _mix(~h1 ^ _M2)
+        for k in range(0, int(length.max(initial=0)), 8):
+            chunk = window[np.where(length > k, start + k, 0)]
+            left = np.clip(length - k, 0, 8).astype(np.uint64)
+            chunk &= np.where(left >= 8, _ALL, (np.uint64(1) << (left * np.uint64(8))) - 1)
+            h1 = _mix(h1 ^ chunk) * _M1
+            h2 = _mix((h2 + chunk) * _M2) ^ (h2 >> np.uint64(17))
+        h1 = _mix(h1)
+    h1[h1 == 0] = 1  # 0 marks an empty slot
+    return h1, h2
+
+
+class StringIds:
+    """String ids -> internal ids 1..N in first-seen order: the strings' fingerprints in an
+    open-addressing hash table of numpy arrays, so a batch's distinct ids are looked up and
+    added vectorised, without rebuilding anything per batch."""
+
+    def __init__(self) -> None:
+        self._keys = np.zeros(1 << 12, np.uint64)
+        self._checks = np.zeros_like(self._keys)
+        self._values = np.zeros(len(self._keys), np.int64)
+        self.count = 0
+        self._words: list[pa.Array] = []
+
+    def ids(self, words: pa.Array) -> np.ndarray:
+        """The internal ids of distinct ``words``; those not met before are numbered on."""
+        h1, h2 = fingerprints(words)
+        out = self._find(h1, h2)
+        new = np.flatnonzero(out == 0)
+        if new.size:
+            pairs = np.stack([h1[new], h2[new]], axis=1)
+            _, first, inverse = np.unique(pairs, axis=0, return_index=True, return_inverse=True)
+            order = np.argsort(first)  # number distinct new words in order of appearance
+            rank = np.empty_like(order)
+            rank[order] = np.arange(len(order))
+            out[new] = self.count + 1 + rank[inverse.ravel()]
+            firsts = new[first[order]]
+            self._grow(len(firsts))
+            self._place(h1[firsts], h2[firsts], out[firsts])
+            self.count += len(firsts)
+            self._words.append(words.take(pa.array(firsts)))
+        return out
+
+    def words(self) -> list[str]:
+        """Every id, in internal id order."""
+        return [w for chunk in self._words for w in chunk.to_pylist()]
+
+    def _find(self, h1: np.ndarray, h2: np.ndarray) -> np.ndarray:
+        mask = np.uint64(len(self._keys) - 1)
+        slot, out = h1 & mask, np.zeros(len(h1), np.int64)
+        pending = np.arange(len(h1))
+        while pending.size:
+            at = slot[pending]
+            key = self._keys[at]
+            hit = (key == h1[pending]) & (self._checks[at] == h2[pending])
+            out[pending[hit]] = self._values[at[hit]]
+            pending = pending[~hit & (key != 0)]  # linear probing
+            slot[pending] = (slot[pending] + np.uint64(1)) & mask
+        return out
+
+    def _place(self, h1: np.ndarray, h2: np.ndarray, values: np.ndarray) -> None:
+        mask = np.uint64(len(self._keys) - 1)
+        slot, pending = h1 & mask, np.arange(len(h1))
+        while pending.size:
+            at = slot[pending]
+            free = self._keys[at] == 0
+            slots, first = np.unique(at[free], return_index=True)  # one winner per free slot
+            won = pending[free][first]
+            self._keys[slots], self._checks[slots], self._values[slots] = (
+                h1[won],
+                h2[won],
+                values[won],
+            )
+            placed = np.zeros(len(h1), bool)
+            placed[won] = True
+            pending = pending[~placed[pending]]
+            slot[pending] = (slot[pending] + np.uint64(1)) & mask
+
+    def _grow(self, more: int) -> None:
+        """Keep the table at most half full."""
+        size = len(self._keys)
+        while (self.count + more) * 2 > size:
+            size *= 2
+        if size != len(self._keys):
+            used = self._keys != 0
+            old = self._keys[used], self._checks[used], self._values[used]
+            self._keys = np.zeros(size, np.uint64)
+            self._checks = np.zeros_like(self._keys)
+            self._values = np.zeros(size, np.int64)
+            self._place(*old)
+
+
 class _KindMismatch(Exception):
     """An id column broke the integer guess: start again with string ids."""
 
@@ -102,7 +221,7 @@ class _Ids:
 
     def __init__(self, side: str, kind: IdKind) -> None:
         self.side, self.kind = side, kind
-        self.known = pa.array([], pa.string())  # string ids, internal id = position + 1
+        self.known = StringIds()
         self._seen: list[np.ndarray] = []  # integer ids met so far (merged now and then)
         self._table = np.zeros(0, np.int64)  # integer ids of the user or item table
         self._bits = np.zeros(1, bool)  # string ids met: _bits[internal id]
@@ -122,10 +241,12 @@ class _Ids:
             problems.add(f"{what} is null", batch, null)
             problems.add(f"{what} is not >= 1 (0 means unknown)", batch, (ints <= 0) & ~null)
             return np.where(ints > 0, ints, 0)
-        if not pa.types.is_string(values.type):
+        if not (pa.types.is_string(values.type) or pa.types.is_dictionary(values.type)):
             values = values.cast(pa.string())
-        encoded = pc.dictionary_encode(values)
+        encoded = values if pa.types.is_dictionary(values.type) else pc.dictionary_encode(values)
         words = encoded.dictionary
+        if not pa.types.is_string(words.type):
+            words = words.cast(pa.string())
         empty = np.asarray(pc.equal(pc.utf8_trim_whitespace(words), ""), dtype=bool)
         long = np.asarray(pc.greater(pc.utf8_length(words), MAX_ID_LENGTH), dtype=bool)
         codes = encoded.indices.fill_null(-1).to_numpy()
@@ -143,13 +264,10 @@ class _Ids:
         return np.append(lut, 0)[codes]
 
     def _lookup(self, words: pa.Array, bad: np.ndarray) -> np.ndarray:
-        """Internal ids of distinct ``words`` (new good ones appended to ``known``)."""
-        position = pc.index_in(words, value_set=self.known)
-        lut = position.fill_null(-1).to_numpy().astype(np.int64) + 1
-        new = (lut == 0) & ~bad
-        if new.any():
-            lut[new] = len(self.known) + 1 + np.arange(int(new.sum()))
-            self.known = pa.concat_arrays([self.known, words.filter(pa.array(new))])
+        """Internal ids of distinct ``words`` (0 for the bad ones)."""
+        lut = np.zeros(len(words), np.int64)
+        good = np.flatnonzero(~bad)
+        lut[good] = self.known.ids(words.take(pa.array(good)) if bad.any() else words)
         return lut
 
     def mark_seen(self, internal: np.ndarray) -> None:
@@ -159,8 +277,8 @@ class _Ids:
             if len(self._seen) > 16:
                 self._seen = [pd.unique(np.concatenate(self._seen))]
             return
-        if len(self._bits) <= len(self.known):
-            self._bits = np.concatenate([self._bits, np.zeros(len(self.known) + 1, bool)])
+        if len(self._bits) <= self.known.count:
+            self._bits = np.concatenate([self._bits, np.zeros(self.known.count + 1, bool)])
         self._bits[internal] = True
 
     def table_ids(self, internal: np.ndarray) -> None:
@@ -177,11 +295,11 @@ class _Ids:
     def internal_ids(self) -> np.ndarray:
         """Every internal id known (table or interactions), ascending."""
         if self.kind == "str":
-            return np.arange(1, len(self.known) + 1, dtype=np.int64)
+            return np.arange(1, self.known.count + 1, dtype=np.int64)
         return np.union1d(self._table, self.seen_ids())
 
     def id_map(self) -> IdMap:
-        return IdMap("str", self.known.to_pylist()) if self.kind == "str" else IdMap.identity()
+        return IdMap("str", self.known.words()) if self.kind == "str" else IdMap.identity()
 
 
 def canonical_ints(values: pa.Array) -> bool:
@@ -192,16 +310,20 @@ def canonical_ints(values: pa.Array) -> bool:
 
 
 # --- timestamps and the positive rule -------------------------------------------------------
+def _unit(value: float) -> str:
+    size = abs(value)
+    return "s" if size < 1e11 else "ms" if size < 1e14 else "us" if size < 1e17 else "ns"
+
+
 def _from_numbers(numbers: np.ndarray, fmt: str | None) -> tuple[np.ndarray, np.ndarray]:
     """Unix seconds of numeric timestamps: in ``fmt``'s unit, else each value's unit read
     from its magnitude (below 1e11 seconds, then ms, us, ns)."""
     bad = ~np.isfinite(numbers)
     numbers = np.where(bad, 0.0, numbers)
     if fmt is not None:
-        scale = np.float64(_SCALE[fmt])
-    else:
-        size = np.abs(numbers)
-        scale = np.select([size < 1e11, size < 1e14, size < 1e17], [1.0, 1e3, 1e6], 1e9)
+        return np.floor(numbers / _SCALE[fmt]).astype(np.int64), bad
+    size = np.abs(numbers)
+    scale = np.select([size < 1e11, size < 1e14, size < 1e17], [1.0, 1e3, 1e6], 1e9)
     return np.floor(numbers / scale).astype(np.int64), bad
 
 
@@ -211,9 +333,12 @@ def seconds(values: pa.Array, fmt: str | None) -> tuple[np.ndarray, np.ndarray]:
     if pa.types.is_timestamp(kind) or pa.types.is_date(kind):
         parsed = values.cast(pa.timestamp("s"), safe=False).cast(pa.int64())
         return parsed.fill_null(0).to_numpy(), _missing(parsed)
-    if pa.types.is_integer(kind) and numeric and fmt is not None:
+    if pa.types.is_integer(kind) and numeric:
         ints = values.cast(pa.int64()).fill_null(0).to_numpy()
-        return ints // _SCALE[fmt], _missing(values)
+        bounds = pc.min_max(values).values()
+        units = {_unit(v.as_py() or 0) for v in bounds}
+        if fmt is not None or len(units) == 1:  # one unit for the whole batch
+            return ints // _SCALE[fmt or units.pop()], _missing(values)
     if (pa.types.is_integer(kind) or pa.types.is_floating(kind)) and numeric:
         return _from_numbers(_numbers(values), fmt)
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
@@ -260,7 +385,9 @@ class _Outcomes:
     def rate(self, values: pa.Array, batch: Batch, problems: Problems) -> tuple:
         """(rating, weight or None) for each row."""
         if (event := self.spec.event) is not None:
-            encoded = pc.dictionary_encode(values)
+            encoded = (
+                values if pa.types.is_dictionary(values.type) else pc.dictionary_encode(values)
+            )
             words = [str(v) for v in encoded.dictionary.to_pylist()]
             self._remember(words)
             positive = {str(v) for v in event.positive}
@@ -425,26 +552,45 @@ def _check_duplicates(frame: pd.DataFrame, batches: list[Batch], key: str) -> No
 
 # --- the interactions -----------------------------------------------------------------------
 class _Parts:
-    """``interactions/part-00000.parquet``, ... of at most ``PART_ROWS`` rows each."""
+    """``interactions/part-00000.parquet``, ... of at most ``PART_ROWS`` rows each, written by
+    a thread (parquet encoding runs without the GIL, beside the conversion)."""
 
     def __init__(self, directory: Path, schema: pa.Schema) -> None:
         self.directory, self.schema = directory, schema
         self.count, self.rows = 0, 0
         self._writer: pq.ParquetWriter | None = None
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="cascade-write")
+        self._pending: list[Future[None]] = []
 
     def write(self, table: pa.Table) -> None:
+        while len(self._pending) >= 2:  # bounded: at most two batches wait
+            self._pending.pop(0).result()
+        self._pending.append(self._pool.submit(self._write, table))
+
+    def _write(self, table: pa.Table) -> None:
         if self._writer is None or self.rows >= PART_ROWS:
-            self.close()
+            self._close()
             path = self.directory / f"part-{self.count:05d}.parquet"
-            self._writer = pq.ParquetWriter(path, self.schema, compression="snappy")
+            self._writer = pq.ParquetWriter(
+                path, self.schema, compression="snappy", use_dictionary=["rating", "weight"]
+            )
             self.count, self.rows = self.count + 1, 0
         self._writer.write_table(table, row_group_size=1 << 20)
         self.rows += table.num_rows
 
-    def close(self) -> None:
+    def _close(self) -> None:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+
+    def close(self) -> None:
+        """Wait for the writes and close the last file (raising a write's error)."""
+        try:
+            for future in self._pending:
+                future.result()
+            self._pool.submit(self._close).result()
+        finally:
+            self._pool.shutdown()
 
 
 def _interactions(dataset: DatasetFile, ids: dict[str, _Ids], directory: Path) -> dict[str, Any]:
@@ -464,23 +610,25 @@ def _interactions(dataset: DatasetFile, ids: dict[str, _Ids], directory: Path) -
     rows = {str(path): 0 for path in files}
     span = [np.iinfo(np.int64).max, np.iinfo(np.int64).min]
     text = {spec.user: pa.string(), spec.item: pa.string()}
-    for batch in read_batches(files, spec.columns, spec.delimiter, text):
-        data = batch.data
-        users = ids["user"].map(data.column(spec.user), batch, spec.user, problems)
-        items = ids["item"].map(data.column(spec.item), batch, spec.item, problems)
-        stamps, bad = seconds(data.column(spec.timestamp), spec.timestamp_format)
-        what = f"column {spec.timestamp!r}: timestamp is null or cannot be read"
-        problems.add(what, batch, bad)
-        rating, weight = outcomes.rate(data.column(spec.rule_column), batch, problems)
-        rows[str(batch.file)] += data.num_rows
-        if problems.found:
-            continue  # only checking from here on, to count the bad rows
-        ids["user"].mark_seen(users)
-        ids["item"].mark_seen(items)
-        span = [min(span[0], int(stamps.min())), max(span[1], int(stamps.max()))]
-        columns = [users, items, rating, stamps] + ([weight] if weighed else [])
-        parts.write(pa.Table.from_arrays([pa.array(c) for c in columns], schema=schema))
-    parts.close()
+    try:
+        for batch in read_batches(files, spec.columns, spec.delimiter, text):
+            data = batch.data
+            users = ids["user"].map(data.column(spec.user), batch, spec.user, problems)
+            items = ids["item"].map(data.column(spec.item), batch, spec.item, problems)
+            stamps, bad = seconds(data.column(spec.timestamp), spec.timestamp_format)
+            what = f"column {spec.timestamp!r}: timestamp is null or cannot be read"
+            problems.add(what, batch, bad)
+            rating, weight = outcomes.rate(data.column(spec.rule_column), batch, problems)
+            rows[str(batch.file)] += data.num_rows
+            if problems.found:
+                continue  # only checking from here on, to count the bad rows
+            ids["user"].mark_seen(users)
+            ids["item"].mark_seen(items)
+            span = [min(span[0], int(stamps.min())), max(span[1], int(stamps.max()))]
+            columns = [users, items, rating, stamps] + ([weight] if weighed else [])
+            parts.write(pa.Table.from_arrays([pa.array(c) for c in columns], schema=schema))
+    finally:
+        parts.close()  # also on an error: the writing thread ends
     problems.raise_first()
     outcomes.check_some_positive(dataset.resolve(spec.path))
     return {
@@ -542,6 +690,20 @@ def _run(dataset: DatasetFile, directory: Path, kinds: dict[str, IdKind]) -> dic
     return summary
 
 
+def _guess_kinds(dataset: DatasetFile) -> dict[str, IdKind]:
+    """Integer ids unless the first interactions file types an id column as text (CSV
+    columns are text until their values are seen)."""
+    spec = dataset.spec.interactions
+    first = list_files(dataset.resolve(spec.path))[0]
+    schema = file_schema(first, spec.delimiter)
+    kinds: dict[str, IdKind] = {}
+    for side, column in (("user", spec.user), ("item", spec.item)):
+        typed = schema.field(column).type if column in schema.names else pa.int64()
+        text = file_format(first) != "csv" and not pa.types.is_integer(typed)
+        kinds[side] = "str" if text else "int"
+    return kinds
+
+
 def ingest(dataset: DatasetFile, output: Path) -> dict[str, Any]:
     """Check and convert ``dataset`` into ``output`` (replaced if present); the summary also
     written to ``output/ingest.json``. DataError naming the file, column and first bad row."""
@@ -549,7 +711,7 @@ def ingest(dataset: DatasetFile, output: Path) -> dict[str, Any]:
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     temporary = output.with_name(f".{output.name}.ingest-{os.getpid()}")
-    kinds: dict[str, IdKind] = {"user": "int", "item": "int"}
+    kinds = _guess_kinds(dataset)
     while True:
         shutil.rmtree(temporary, ignore_errors=True)
         temporary.mkdir()

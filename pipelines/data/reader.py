@@ -10,9 +10,12 @@ columns asked for are read (parquet and CSV through ``pyarrow.dataset``, JSON li
 from __future__ import annotations
 
 import glob
+import queue
+import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.csv as pcsv
@@ -69,16 +72,17 @@ class Batch:
     data: pa.RecordBatch
 
 
-def file_columns(path: Path, delimiter: str = ",") -> list[str]:
-    """The column names of one file (JSON lines: of its first block)."""
+def file_schema(path: Path, delimiter: str = ",") -> pa.Schema:
+    """The columns of one file and their types (CSV and JSON lines: inferred from the first
+    block)."""
     fmt = file_format(path)
     try:
         if fmt == "parquet":
-            return list(pq.read_schema(path).names)
+            return pq.read_schema(path)
         if fmt == "csv":
-            return list(_csv_dataset(path, delimiter, {}).schema.names)
+            return _csv_dataset(path, delimiter, {}).schema
         with _json_reader(path, None) as reader:
-            return list(reader.schema.names)
+            return reader.schema
     except (OSError, pa.ArrowException) as error:
         raise DataError(path, f"cannot read: {error}") from None
 
@@ -116,7 +120,13 @@ def _batches(
                 yield batch.select(columns)
         return
     if fmt == "parquet":
-        dataset = ds.dataset(str(path), format="parquet")
+        # text columns as dictionaries: parquet stores them so, and ids map per distinct value
+        schema = pq.read_schema(path)
+        text = [
+            c for c in columns if c in schema.names and pa.types.is_string(schema.field(c).type)
+        ]
+        options = ds.ParquetReadOptions(dictionary_columns=text)
+        dataset = ds.dataset(str(path), format=ds.ParquetFileFormat(read_options=options))
     else:
         dataset = _csv_dataset(path, delimiter, {c: t for c, t in types.items() if c in columns})
     _missing(path, list(dataset.schema.names), columns)
@@ -131,13 +141,57 @@ def read_batches(
 ) -> Iterator[Batch]:
     """The rows of ``files`` in order, ``columns`` only (DataError naming the file for a
     missing column or an unreadable file). ``csv_types`` fixes the type of CSV columns whose
-    inferred type would lose information (ids with leading zeros, codes that look numeric)."""
+    inferred type would lose information (ids with leading zeros, codes that look numeric).
+    Parquet text columns come as dictionary arrays. The next batches are read by a thread
+    while the caller works on this one."""
+    yield from _prefetched(_read(files, columns, delimiter, csv_types or {}))
+
+
+def _read(
+    files: list[Path], columns: list[str], delimiter: str, csv_types: Mapping[str, pa.DataType]
+) -> Iterator[Batch]:
     for path in files:
         offset = 0
         try:
-            for data in _batches(path, columns, delimiter, csv_types or {}):
+            for data in _batches(path, columns, delimiter, csv_types):
                 if data.num_rows:
                     yield Batch(path, offset, data)
                     offset += data.num_rows
         except (OSError, pa.ArrowException) as error:
             raise DataError(path, f"cannot read after row {offset}: {error}") from None
+
+
+_DONE = object()
+
+
+def _prefetched(batches: Iterator[Batch], depth: int = 2) -> Iterator[Batch]:
+    """``batches``, read ahead by a thread (arrow decodes without the GIL), at most ``depth``
+    waiting; an error in the thread is raised here."""
+    ready: queue.Queue[Any] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for batch in batches:
+                while not stop.is_set():
+                    try:
+                        ready.put(batch, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            ready.put(_DONE)
+        except BaseException as error:  # handed to the consumer
+            ready.put(error)
+
+    thread = threading.Thread(target=produce, name="cascade-read", daemon=True)
+    thread.start()
+    try:
+        while (item := ready.get()) is not _DONE:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        thread.join()

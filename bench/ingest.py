@@ -1,0 +1,189 @@
+"""Benchmark: ingesting a team's own event logs (``--data dataset.yaml``) against pyarrow
+reading the same files and columns.
+
+For each size it generates (once, kept under ``--workdir``) parquet event logs like a shop's:
+string user ids ("u0001234"), SKU item ids ("SKU-000123"), millisecond timestamps and an
+``action`` column, with a dataset file over them. Then, each in a child process whose peak RSS
+is measured: pyarrow scanning the files (the engine-only read), and ``ingest`` of the same
+files. Prints a line per step and, as the last line, one JSON object (also written to
+``bench/results/ingest.json``).
+
+    python bench/ingest.py [--sizes 10000000,50000000,200000000] [--workdir /tmp/cascade-ingest]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+from publish import publish
+
+ROWS_PER_FILE = 10_000_000
+ACTIONS = ["view", "click", "add_to_cart", "purchase"]
+ACTION_SHARES = [0.70, 0.20, 0.07, 0.03]
+BYTES_PER_ROW = 80  # generated input and ingest output together, with room to spare
+DATASET = """\
+name: shop-{rows}
+interactions:
+  path: events/
+  user: customer_id
+  item: sku
+  timestamp: ts
+  event: {{column: action, positive: [purchase, add_to_cart, click], weight: {{purchase: 3.0}}}}
+"""
+COLUMNS = ["customer_id", "sku", "ts", "action"]
+
+
+def _ids(prefix: str, numbers: np.ndarray, width: int) -> pa.Array:
+    text = pc.utf8_lpad(pa.array(numbers).cast(pa.string()), width, "0")
+    return pc.binary_join_element_wise(prefix, text, "")
+
+
+def generate(directory: Path, rows: int, seed: int = 0) -> Path:
+    """Event logs of ``rows`` rows and their dataset file under ``directory`` (kept: a
+    second run reuses them)."""
+    dataset = directory / "dataset.yaml"
+    if dataset.exists():
+        return dataset
+    events = directory / "events"
+    shutil.rmtree(events, ignore_errors=True)
+    events.mkdir(parents=True)
+    rng = np.random.default_rng(seed)
+    users, items = max(rows // 100, 1000), max(rows // 400, 1000)
+    start = 1_700_000_000_000
+    for part, first in enumerate(range(0, rows, ROWS_PER_FILE)):
+        n = min(ROWS_PER_FILE, rows - first)
+        popular = np.minimum(rng.zipf(1.3, n), items) - 1  # a long tail of items
+        item = (popular * 7919) % items + 1
+        stamps = start + np.sort(rng.integers(0, 30 * 86_400_000, n)) + part * 30 * 86_400_000
+        table = pa.table(
+            {
+                "customer_id": _ids("u", rng.integers(1, users + 1, n), 7),
+                "sku": _ids("SKU-", item, 6),
+                "ts": pa.array(stamps, pa.int64()),
+                "action": pa.array(
+                    rng.choice(len(ACTIONS), n, p=ACTION_SHARES)
+                ).dictionary_encode(),
+            }
+        )
+        table = table.set_column(
+            3, "action", pc.take(pa.array(ACTIONS), table["action"].combine_chunks().indices)
+        )
+        pq.write_table(table, events / f"part-{part:04d}.parquet", row_group_size=1 << 20)
+        print(f"  generated {first + n:,} / {rows:,} rows", flush=True)
+    dataset.write_text(DATASET.format(rows=rows))
+    return dataset
+
+
+def engine_read(dataset: Path) -> dict[str, Any]:
+    """pyarrow scanning the event files, the columns ingest reads (the child's work)."""
+    started = time.perf_counter()
+    files = sorted(str(p) for p in (dataset.parent / "events").glob("*.parquet"))
+    rows = 0
+    for batch in ds.dataset(files, format="parquet").to_batches(columns=COLUMNS):
+        rows += batch.num_rows
+    return {"rows": rows, "seconds": time.perf_counter() - started}
+
+
+def run_ingest(dataset: Path) -> dict[str, Any]:
+    """``ingest`` of the data set into a sibling ``out`` directory (the child's work)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from pipelines.data.dataset_file import load_dataset_file
+    from pipelines.data.ingest import ingest
+
+    started = time.perf_counter()
+    summary = ingest(load_dataset_file(dataset), dataset.parent / "out")
+    return {"rows": summary["rows"], "seconds": time.perf_counter() - started, "summary": summary}
+
+
+def in_child(step: str, dataset: Path) -> dict[str, Any]:
+    """Run ``step`` in a child process; its result and peak RSS in GB."""
+    child = subprocess.Popen(
+        [sys.executable, __file__, "--child", step, str(dataset)], stdout=subprocess.PIPE, text=True
+    )
+    assert child.stdout is not None
+    output = child.stdout.read()
+    _, status, usage = os.wait4(child.pid, 0)
+    if status != 0:
+        raise SystemExit(f"{step} failed (status {status}) on {dataset}")
+    result = json.loads(output.strip().splitlines()[-1])
+    result["peak_rss_gb"] = round(usage.ru_maxrss / 1024**2, 2)  # ru_maxrss is in KiB
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--sizes", default="10000000,50000000,200000000", help="rows per size")
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/cascade-ingest"))
+    parser.add_argument("--keep-output", action="store_true", help="keep what ingest wrote")
+    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        step, dataset = args.child[0], Path(args.child[1])
+        result = engine_read(dataset) if step == "read" else run_ingest(dataset)
+        print(json.dumps(result), flush=True)
+        return
+
+    sizes = [int(s) for s in args.sizes.split(",")]
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    need = sum(sizes) * BYTES_PER_ROW
+    free = shutil.disk_usage(args.workdir).free
+    print(f"workdir {args.workdir}: {free / 1e9:.1f} GB free, about {need / 1e9:.1f} GB needed")
+    if free < need:
+        raise SystemExit(f"not enough free disk under {args.workdir}: pass smaller --sizes")
+    results = []
+    for rows in sizes:
+        dataset = generate(args.workdir / f"rows-{rows}", rows)
+        read = in_child("read", dataset)
+        print(
+            f"{rows:>12,} rows  engine read  {read['rows'] / read['seconds']:>12,.0f} rows/s"
+            f"  {read['seconds']:7.1f} s  peak RSS {read['peak_rss_gb']:.2f} GB",
+            flush=True,
+        )
+        done = in_child("ingest", dataset)
+        rate, engine = done["rows"] / done["seconds"], read["rows"] / read["seconds"]
+        print(
+            f"{rows:>12,} rows  ingest       {rate:>12,.0f} rows/s  {done['seconds']:7.1f} s"
+            f"  peak RSS {done['peak_rss_gb']:.2f} GB  engine/ingest {engine / rate:.2f}x",
+            flush=True,
+        )
+        if not args.keep_output:
+            shutil.rmtree(dataset.parent / "out", ignore_errors=True)
+        results.append(
+            {
+                "rows": done["rows"],
+                "rows_per_s": round(rate),
+                "engine_rows_per_s": round(engine),
+                "engine_over_ingest": round(engine / rate, 2),
+                "seconds": round(done["seconds"], 1),
+                "peak_rss_gb": done["peak_rss_gb"],
+                "engine_peak_rss_gb": read["peak_rss_gb"],
+            }
+        )
+    record = {"sizes": results, "parity": parity()}
+    publish("ingest", record)
+
+
+def parity() -> dict[str, Any] | None:
+    """Native MovieLens against ``--data`` MovieLens metrics: filled in by the pipeline's
+    owner; None until then."""
+    return None
+
+
+if __name__ == "__main__":
+    main()
