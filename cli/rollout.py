@@ -76,55 +76,49 @@ def add_rollout_parser(commands: Any) -> None:
         default=",".join(f"{w:g}" for w in plan.weights),
         help="canary weights of the steps (then promotion)",
     )
-    parser.add_argument(
-        "--min-step-s",
-        type=opt.positive_float,
-        default=plan.min_step_s,
-        help="a step lasts at least this long",
+    timing_and_thresholds = (
+        ("--min-step-s", opt.positive_float, plan.min_step_s, "a step lasts at least this long"),
+        ("--interval-s", opt.positive_float, plan.interval_s, "seconds between looks"),
+        (
+            "--step-deadline-s",
+            opt.positive_float,
+            plan.step_deadline_s,
+            "a step holding this long for lack of data rolls back (no_traffic)",
+        ),
+        (
+            "--apply-deadline-s",
+            opt.positive_float,
+            plan.apply_deadline_s,
+            "replicas not applying a step (loading the canary) this long roll it back "
+            "(not_applied); the step's other times count from when they have",
+        ),
+        (
+            "--margin",
+            opt.margin,
+            analysis.non_inferiority_margin,
+            "relative CTR loss the canary may show and still pass",
+        ),
+        (
+            "--min-impressions",
+            opt.positive_int,
+            analysis.min_impressions,
+            "per arm before the CTR test judges",
+        ),
+        (
+            "--min-requests",
+            opt.positive_int,
+            analysis.min_requests,
+            "per arm before the guardrails judge",
+        ),
+        (
+            "--alpha",
+            opt.probability,
+            analysis.alpha,
+            "error rate of the sequential tests over all looks",
+        ),
     )
-    parser.add_argument(
-        "--interval-s",
-        type=opt.positive_float,
-        default=plan.interval_s,
-        help="seconds between looks",
-    )
-    parser.add_argument(
-        "--step-deadline-s",
-        type=opt.positive_float,
-        default=plan.step_deadline_s,
-        help="a step holding this long for lack of data rolls back (no_traffic)",
-    )
-    parser.add_argument(
-        "--apply-deadline-s",
-        type=opt.positive_float,
-        default=plan.apply_deadline_s,
-        help="replicas not applying a step (loading the canary) this long roll it back "
-        "(not_applied); the step's other times count from when they have",
-    )
-    parser.add_argument(
-        "--margin",
-        type=opt.margin,
-        default=analysis.non_inferiority_margin,
-        help="relative CTR loss the canary may show and still pass",
-    )
-    parser.add_argument(
-        "--min-impressions",
-        type=opt.positive_int,
-        default=analysis.min_impressions,
-        help="per arm before the CTR test judges",
-    )
-    parser.add_argument(
-        "--min-requests",
-        type=opt.positive_int,
-        default=analysis.min_requests,
-        help="per arm before the guardrails judge",
-    )
-    parser.add_argument(
-        "--alpha",
-        type=opt.probability,
-        default=analysis.alpha,
-        help="error rate of the sequential tests over all looks",
-    )
+    for flag, parse, default, text in timing_and_thresholds:
+        parser.add_argument(flag, type=parse, default=default, help=text)
     parser.add_argument(
         "--force",
         action="store_true",
