@@ -129,6 +129,9 @@ def run_pipeline(
                     {
                         "dataset": raw.name,
                         "source": _source(dataset),
+                        # the time watermark of what this version learnt: a retrain on logs
+                        # that grew since treats newer rows as new (control/retrain/job.py)
+                        "newest_timestamp": int(raw.interactions["timestamp"].max()),
                         "data_hash": raw.content_hash(),
                         "split_protocol": config.split_protocol,
                         "base_fraction": base_fraction,

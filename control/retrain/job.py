@@ -119,6 +119,8 @@ def production_learnt(
       ``--base-fraction``, on its oldest part) with a random split: that split,
       reconstructed from the recorded protocol and seed; its training and validation rows
       count as learnt (validation chose its epochs and blend), newer rows are new to it;
+    - a version whose data has changed since (a dataset file whose logs grew): every row up
+      to the newest timestamp it was trained on (its manifest's ``newest_timestamp``);
     - anything else: the whole base data set (its newest timestamp).
     """
     if production is None:
@@ -147,6 +149,13 @@ def production_learnt(
             base_rows=learnt[base_rows],
             source=f"version {production}: its {protocol} random split{of}, seed "
             f"{config['seed']}, reconstructed",
+        )
+    trained_until = manifest.get("newest_timestamp")
+    if trained_until is not None:  # the data changed since (new log files): a time watermark
+        return Learnt(
+            until=int(trained_until),
+            source=f"version {production}: trained on data up to {int(trained_until)}; newer "
+            "rows are new to it",
         )
     newest = int(full_base.interactions["timestamp"].max())
     return Learnt(

@@ -73,3 +73,16 @@ def test_a_version_trained_on_the_oldest_part_learnt_nothing_newer(tmp_path: Pat
     split = split_for(trained, TrainConfig(seed=0))
     assert learnt.base_rows[positions[split.train]].all()
     assert not learnt.base_rows[positions[split.test]].any()
+
+
+def test_logs_that_grew_since_training_are_new_after_the_watermark(tmp_path: Path) -> None:
+    """A dataset file whose logs gained files since production was trained: its data hash
+    no longer matches, so the rows newer than the newest it trained on are new to it."""
+    stamps = np.sort(DATA.interactions["timestamp"].to_numpy())
+    watermark = int(stamps[len(stamps) // 2])
+    _manifest(tmp_path, 1, {"data_hash": "before-the-new-files", "newest_timestamp": watermark})
+    learnt = production_learnt(tmp_path, 1, DATA, ALL_ROWS)
+    assert learnt.until == watermark and learnt.base_rows is None
+    mask = learnt.mask(len(DATA.interactions), DATA.interactions["timestamp"].to_numpy())
+    assert 0 < mask.sum() < len(mask)
+    assert "newer rows are new to it" in learnt.source
