@@ -118,11 +118,12 @@ def fingerprints(words: pa.Array) -> tuple[np.ndarray, np.ndarray]:
         h1 = _mix(length.astype(np.uint64) * _M1)
         h2 = _mix(~h1 ^ _M2)
         for k in range(0, int(length.max(initial=0)), 8):
-            chunk = window[np.where(length > k, start + k, 0)]
-            left = np.clip(length - k, 0, 8).astype(np.uint64)
+            live = np.flatnonzero(length > k)  # words with bytes left at offset k
+            chunk = window[start[live] + k]
+            left = np.minimum(length[live] - k, 8).astype(np.uint64)
             chunk &= np.where(left >= 8, _ALL, (np.uint64(1) << (left * np.uint64(8))) - 1)
-            h1 = _mix(h1 ^ chunk) * _M1
-            h2 = _mix((h2 + chunk) * _M2) ^ (h2 >> np.uint64(17))
+            h1[live] = _mix(h1[live] ^ chunk) * _M1
+            h2[live] = _mix((h2[live] + chunk) * _M2) ^ (h2[live] >> np.uint64(17))
         h1 = _mix(h1)
     h1[h1 == 0] = 1  # 0 marks an empty slot
     return h1, h2
@@ -329,6 +330,8 @@ def _from_numbers(numbers: np.ndarray, fmt: str | None) -> tuple[np.ndarray, np.
 
 def seconds(values: pa.Array, fmt: str | None) -> tuple[np.ndarray, np.ndarray]:
     """Unix seconds (int64) of a timestamp column, and a mask of the unparseable rows."""
+    if pa.types.is_dictionary(values.type):
+        values = values.cast(values.type.value_type)
     kind, numeric = values.type, fmt is None or fmt in _SCALE
     if pa.types.is_timestamp(kind) or pa.types.is_date(kind):
         parsed = values.cast(pa.timestamp("s"), safe=False).cast(pa.int64())
@@ -370,8 +373,9 @@ def _parse_iso(values: pa.Array) -> pa.Array:
     parsed = pd.to_datetime(
         pd.Series(values.to_pandas(), dtype=object), format="ISO8601", utc=True, errors="coerce"
     )
-    seconds_ = parsed.astype("int64") // 10**9
-    return pa.array(seconds_.to_numpy(), pa.int64(), mask=parsed.isna().to_numpy())
+    missing = parsed.isna().to_numpy()
+    nanoseconds = parsed.fillna(pd.Timestamp(0, tz="UTC")).dt.as_unit("ns").astype("int64")
+    return pa.array(nanoseconds.to_numpy() // 10**9, pa.int64(), mask=missing)
 
 
 @dataclass
