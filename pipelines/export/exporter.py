@@ -21,8 +21,9 @@ from core.features.workflow import Workflow
 from core.item_neighbors import DIRECTORY as NEIGHBORS
 from core.tree_ranker import TreeRanker, categorical_positions, tree_categorical, tree_features
 from pipelines.config import TrainConfig
+from pipelines.data.dataset_file import load_dataset_file
 from pipelines.export.drift_replay import replay_reference
-from pipelines.export.onnx_models import export_dlrm_dense, export_query_tower
+from pipelines.export.onnx_models import export_dlrm_dense, export_item_tower, export_query_tower
 from pipelines.models.two_tower import ServedQuery
 from pipelines.models.two_tower_ensemble import EnsembleQuery
 from pipelines.prepare import RetrievalData
@@ -31,6 +32,7 @@ from pipelines.training.retrieval import build_two_tower
 
 QUERY_TOWER = "query_tower"
 RANKER = "ranker"
+ITEM_TOWER = "item_tower.onnx"  # in the release: what `cascade catalog update` embeds with
 # config.pbtxt and the thin python-backend model.py of each served model (kept in git)
 TEMPLATES = Path(__file__).resolve().parents[2] / "model_repository"
 
@@ -159,6 +161,24 @@ def _write_drift_reference(
     write_reference(release / REFERENCE_FILE, references, method)
 
 
+def item_table_info(workdir: Path, info: dict[str, Any]) -> dict[str, Any]:
+    """How a catalog update reads an item table for this version (``item_table`` in the
+    manifest): the key column and each multi-categorical feature's separator, as the data
+    set's dataset file declares them; ``item_id`` for the built-in data sets."""
+    found = {"key": "item_id", "separators": {}}
+    ingested = workdir / "data" / "ingest.json"
+    source = info.get("source")
+    if not (isinstance(source, str) and source.endswith((".yaml", ".yml"))) and ingested.is_file():
+        source = json.loads(ingested.read_text()).get("dataset_file")
+    if not isinstance(source, str) or not Path(source).is_file():
+        return found
+    spec = load_dataset_file(Path(source)).spec
+    if spec.items is None:
+        return {**found, "key": spec.interactions.item}
+    separators = {n: f.separator for n, f in spec.items.features.items() if f.separator}
+    return {"key": spec.items.key, "separators": separators, "delimiter": spec.items.delimiter}
+
+
 def run_export(workdir: Path, root: Path, config: TrainConfig, info: dict[str, Any]) -> Path:
     """Write a new version under ``root``; return its manifest path. Never overwrites."""
     workflow = Workflow.load(workdir / "workflow")
@@ -176,6 +196,10 @@ def run_export(workdir: Path, root: Path, config: TrainConfig, info: dict[str, A
         )
         _add_triton_files(root, QUERY_TOWER, staged)
         writer.publish(QUERY_TOWER, staged)
+        assert writer.release is not None
+        item_difference = export_item_tower(
+            two_tower, data.item_features, data.item_dense, writer.release / ITEM_TOWER
+        )
 
         staged = writer.staging(RANKER)
         dlrm_difference = _write_ranker(staged, workdir, workflow, config)
@@ -216,8 +240,10 @@ def run_export(workdir: Path, root: Path, config: TrainConfig, info: dict[str, A
                     "items": int(index.ntotal),
                     "dim": int(index.d),
                 },
+                "item_table": item_table_info(workdir, info),
                 "onnx_max_abs_difference": {
                     QUERY_TOWER: query_difference,
+                    "item_tower": item_difference,
                     "dlrm_dense": dlrm_difference,
                 },
                 "config": config.model_dump(),
