@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from core.errors import ArtifactError
+from core.errors import ArtifactError, CascadeError
 from core.export.drift_reference import REFERENCE_FILE, write_reference
 from core.export.item_index import build_index, index_kind, save_index
 from core.export.repository import VersionWriter
@@ -172,7 +172,10 @@ def item_table_info(workdir: Path, info: dict[str, Any]) -> dict[str, Any]:
         source = json.loads(ingested.read_text()).get("dataset_file")
     if not isinstance(source, str) or not Path(source).is_file():
         return found
-    spec = load_dataset_file(Path(source)).spec
+    try:
+        spec = load_dataset_file(Path(source)).spec
+    except CascadeError:  # changed since training: the update's --key says it then
+        return found
     if spec.items is None:
         return {**found, "key": spec.interactions.item}
     separators = {n: f.separator for n, f in spec.items.features.items() if f.separator}
