@@ -21,7 +21,6 @@ from services.inference.embeddings import InMemoryTables
 from services.inference.models import QueryTowerModel, RankingModel
 from services.serving.context import RequestContext
 from services.serving.release import load_release
-from services.serving.rules import Rules
 from services.stages.filtering import FilteringStage
 from services.stages.ordering import OrderingStage
 from services.stages.retrieval import popularity_candidates
@@ -52,7 +51,7 @@ def compute_floor(root: Path, users: list[int], k: int, candidates: int = 300) -
     asyncio.run(materialize(store, root / "releases" / str(release.version)))
     found = [asyncio.run(store.lookup(u)) for u in users]
     releases = {release.version: release}
-    filtering, ordering = FilteringStage(releases, Rules()), OrderingStage(releases, Rules())
+    filtering, ordering = FilteringStage(releases), OrderingStage(releases)
     wanted = max(candidates, k)
     assert ranker.tree is not None and ranker.embeddings is not None and ranker.session is not None
     tree_s = 0.0

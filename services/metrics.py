@@ -101,7 +101,8 @@ FEEDBACK = Counter(
     "Feedback events stored (a retried event_id counts once), per model version that served "
     "the answer (a served version, 'other', or 'unattributed': every event not trust=served), "
     "outcome type, and trust level: served (about a logged answer of the same user showing "
-    "the item), organic (no request_id), unknown_request, user_mismatch, item_not_shown.",
+    "the item), organic (no request_id), unknown_request, user_mismatch, item_not_shown, "
+    "unknown_id (a user or item id the serving release does not know).",
     ["model_version", "type", "trust"],
 )
 IMPRESSION_SETS = Counter(
@@ -123,6 +124,11 @@ IMPRESSIONS_DROPPED = Counter(
     "cascade_impressions_dropped_total",
     "Impression sets not logged, by reason (queue_full, store_error).",
     ["reason"],
+)
+UNKNOWN_EXCLUDE_ITEMS = Counter(
+    "cascade_unknown_exclude_items_total",
+    "Item ids in requests' exclude lists that name no item of the serving release (not in its "
+    "id map, or not in its catalog): ignored.",
 )
 FEEDBACK_DUPLICATES = Counter(
     "cascade_feedback_duplicates_total",

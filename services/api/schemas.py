@@ -1,8 +1,10 @@
 """Request and response bodies.
 
-Requests are strict: unknown fields, a string where a number belongs (``"user_id": "1"``) and
-a boolean where an id belongs are rejected with 422 naming the field, and every id fits the
-int64 the stages compute with (``INT64_MAX``).
+Requests are strict: unknown fields, a string where a number belongs (``"k": "5"``) and a
+boolean where an id or a number belongs are rejected with 422 naming the field. User and item
+ids are the data set's own (``services.serving.ids.Id``): a JSON integer that fits the int64
+the stages compute with (``INT64_MAX``) or a string of 1..256 characters; answers give them
+back as the same JSON types.
 """
 
 from __future__ import annotations
@@ -12,14 +14,12 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-# The largest id accepted: a round bound just under int64's 2**63 - 1 (9.22e18) that is exactly
-# a double whose shortest decimal form is itself, so every JSON parser, including those that
-# read numbers as doubles, agrees with the server on which ids pass.
-INT64_MAX = 9_200_000_000_000_000_000
+from core.ids import ExternalId
+from services.serving.ids import INT64_MAX, Id
 
 
 def _number_not_text(value: object) -> object:
-    """JSON numbers only: ``"1"`` and ``true`` are not ids (``3.0`` is, as in JSON Schema)."""
+    """JSON numbers only: ``"1"`` and ``true`` are not numbers (``3.0`` is 3, as in JSON Schema)."""
     if isinstance(value, str | bool):
         raise ValueError("must be a JSON number, not a string or a boolean")
     return value
@@ -28,7 +28,7 @@ def _number_not_text(value: object) -> object:
 # integers given as JSON numbers; the bounds stand before the validator so that the OpenAPI
 # document states them as minimum/maximum
 _NUMBER = BeforeValidator(_number_not_text)
-Id = Annotated[int, Field(ge=0, le=INT64_MAX), _NUMBER]
+Seconds = Annotated[int, Field(ge=0, le=INT64_MAX), _NUMBER]
 Version = Annotated[int, Field(ge=1, le=INT64_MAX), _NUMBER]
 Count = Annotated[int, Field(ge=1, le=500), _NUMBER]
 Text = Annotated[str, Field(max_length=256)]
@@ -40,25 +40,33 @@ class _Strict(BaseModel):
 
 
 class RecommendRequest(_Strict):
-    user_id: Id = Field(description="The user to recommend for; unknown users get a cold start.")
+    user_id: Id = Field(
+        description="The user to recommend for: the data set's id, a JSON integer or a string "
+        "of 1..256 characters. A user the served release does not know (a string on a "
+        "release of integer ids included) gets a cold-start answer.",
+    )
     k: Count = Field(20, description="How many items to return.")
     context: dict[Annotated[str, Field(max_length=64)], Scalar] = Field(
         default_factory=dict, max_length=32, description="Flat key/value request context."
     )
     exclude: list[Id] = Field(
-        default_factory=list, max_length=1000, description="Item ids never to return."
+        default_factory=list,
+        max_length=1000,
+        description="Item ids never to return; ids the served release does not know are ignored.",
     )
     model_version: Version | None = Field(None, description="Pin a served model version.")
 
 
 class ScoredItem(BaseModel):
-    item_id: int
+    item_id: ExternalId = Field(
+        description="The data set's id: an integer for a release of integer ids, else a string."
+    )
     score: float
 
 
 class RecommendResponse(BaseModel):
     request_id: str
-    user_id: int
+    user_id: ExternalId = Field(description="The request's user_id, as sent.")
     items: list[ScoredItem]
     model_versions: dict[str, int]
     degraded: bool
@@ -67,15 +75,18 @@ class RecommendResponse(BaseModel):
 
 
 class FeedbackEvent(_Strict):
-    user_id: Id
-    item_id: Id
+    user_id: Id = Field(
+        description="The data set's id (as in /v1/recommend). An id the serving release does "
+        "not know is stored untrusted (unknown_id).",
+    )
+    item_id: Id = Field(description="The data set's id, as in the answer's items.")
     type: Literal["impression", "click"]
     model_version: Version | None = Field(
         None,
         description="Ignored (accepted so that older clients are not refused): an event is "
         "attributed only through its request_id, to the version the server logged.",
     )
-    timestamp: Id | None = Field(None, description="Unix seconds; default: receive time.")
+    timestamp: Seconds | None = Field(None, description="Unix seconds; default: receive time.")
     request_id: str | None = Field(
         None,
         pattern=r"^[0-9a-f]{32}$",

@@ -8,6 +8,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from core.ids import ExternalId
 from services.metrics import FALLBACKS
 from services.stores.base import UserRecord
 
@@ -18,7 +19,9 @@ EMPTY_SCORES = np.zeros(0, dtype=np.float32)
 @dataclass
 class RequestContext:
     """One request's state. Candidate arrays are catalog positions (rows of the release's item
-    table), kept as numpy arrays end to end."""
+    table), kept as numpy arrays end to end. Ids are the release's internal ids; the request's
+    and the answer's ids as the data set names them are ``external_user_id`` and
+    ``external_item_ids`` (set by the gateway)."""
 
     user_id: int
     k: int
@@ -37,6 +40,8 @@ class RequestContext:
     encoded_user: dict[str, Any] | None = None  # the user's features, encoded once
     reasons: list[str] = field(default_factory=list)
     timings_ms: dict[str, float] = field(default_factory=dict)
+    external_user_id: ExternalId = 0
+    external_item_ids: list[ExternalId] = field(default_factory=list)  # the answer's items
 
     @property
     def degraded(self) -> bool:

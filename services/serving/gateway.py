@@ -1,7 +1,9 @@
 """Assembles the serving system from settings: store, inference backend, releases, stages.
 
 Nothing connects in the constructor; ``start()`` loads and connects (driven by the FastAPI
-lifespan), ``close()`` releases.
+lifespan), ``close()`` releases. ``recommend`` is where every caller (the HTTP route, the JSON
+fast path, batch jobs) hands over a request: it translates the data set's ids to the serving
+release's internal ids there, and the answer's back, once (``services.serving.ids``).
 """
 
 from __future__ import annotations
@@ -9,14 +11,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 
 import numpy as np
 
+from core.ids import ExternalId
 from services.drift.counting import DriftMonitor
 from services.errors import FeedbackNotDurable, NotReady
 from services.events.impressions import ImpressionLog
 from services.inference.backends import InferenceBackend, LocalBackend
+from services.metrics import UNKNOWN_EXCLUDE_ITEMS
 from services.serving.context import RequestContext
+from services.serving.ids import ReleaseIds
 from services.serving.recommender import Recommender
 from services.serving.release import Release, load_served_releases
 from services.serving.routing import VersionRouter
@@ -110,6 +116,7 @@ class Gateway:
             pinned,
             canary,
             settings.artifact_fallback,
+            self.rules,
         )
         self.releases.update(served.releases)
         self.release_problems = served.problems
@@ -147,7 +154,7 @@ class Gateway:
                     settings.candidates,
                     settings.neighbor_candidates,
                 ),
-                FilteringStage(self.releases, self.rules),
+                FilteringStage(self.releases),
                 ScoringStage(
                     self.releases,
                     self.backend,
@@ -155,7 +162,7 @@ class Gateway:
                     triton_s,
                     self.drift.observe_scored,
                 ),
-                OrderingStage(self.releases, self.rules),
+                OrderingStage(self.releases),
             ]
         )
 
@@ -202,6 +209,14 @@ class Gateway:
                 "feedback store: %s (CASCADE_FEEDBACK__REQUIRE_DURABLE=false)", durability.detail
             )
 
+    def release_ids(self, version: int | None) -> ReleaseIds:
+        """The id maps of ``version`` when this gateway holds it, else the production
+        version's (the identity before a release is loaded)."""
+        if version not in self.releases and self.router is not None:
+            version = self.router.default
+        release = self.releases.get(version) if version is not None else None
+        return release.ids if release is not None else ReleaseIds.identity()
+
     @property
     def feedback_refusal(self) -> str | None:
         """Why feedback cannot be acknowledged as durable right now (None: it can)."""
@@ -244,20 +259,36 @@ class Gateway:
         await self.store.close()
 
     async def recommend(
-        self, user_id: int, k: int, context: dict, exclude: list[int], model_version: int | None
+        self,
+        user_id: ExternalId,
+        k: int,
+        context: dict,
+        exclude: Sequence[ExternalId],
+        model_version: int | None,
     ) -> tuple[RequestContext, Release]:
+        """Recommend ``k`` items for ``user_id``; ids are the data set's own. The context
+        works in the release's internal ids; ``external_item_ids`` is the answer as the data
+        set names it. A user the release does not know is served as a cold start; excluded
+        items it does not know are ignored (counted)."""
         if self.recommender is None or self.router is None:
             raise NotReady("no release is loaded")
         version, split = self.router.assign(user_id, model_version)
+        release = self.releases[version]
+        excluded = release.ids.items.to_internal(exclude)
+        known = excluded[release.positions(excluded) >= 0] if len(excluded) else excluded
+        if len(known) < len(excluded):
+            UNKNOWN_EXCLUDE_ITEMS.inc(len(excluded) - len(known))
         ctx = RequestContext(
-            user_id=user_id,
+            user_id=release.ids.users.one(user_id),
             k=k,
             timestamp=int(time.time()),
             model_version=version,
             split=split,
             context=dict(context),
-            exclude=np.asarray(exclude, dtype=np.int64),
+            exclude=known,
+            external_user_id=user_id,
         )
         ctx = await self.recommender(ctx)
+        ctx.external_item_ids = release.ids.items.to_external(release.item_ids[ctx.candidates])
         self.drift.observe_served(ctx)
-        return ctx, self.releases[version]
+        return ctx, release

@@ -1,6 +1,8 @@
 """A served release: the exported item catalog, ANN index, popularity and feature workflow.
 
-Candidates are catalog positions (rows of ``items``); ``item_ids[position]`` is the raw id.
+Candidates are catalog positions (rows of ``items``); ``item_ids[position]`` is the internal
+id, ``ids`` maps it to and from the data set's own (``services.serving.ids``), and ``rules``
+are the business rules in internal ids.
 A release is checked against its manifest's sha256 table before anything is read (its own
 files and its models' files: the version is served as a whole), and ``load_served_releases``
 falls back to the newest older version that verifies when the settings allow it.
@@ -10,7 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import faiss
@@ -26,7 +28,9 @@ from core.features.schema import FeatureSchema
 from core.features.workflow import Workflow
 from core.item_neighbors import DIRECTORY as NEIGHBORS
 from core.item_neighbors import ItemNeighbors
+from services.serving.ids import ReleaseIds
 from services.serving.request_features import RequestFeatures
+from services.serving.rules import Rules
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +51,8 @@ class Release:
     # mapped: only the rows read are paged in); None for a release exported without them
     neighbors: ItemNeighbors | None = None
     embeddings: np.ndarray | None = None
+    ids: ReleaseIds = field(default_factory=ReleaseIds.identity)  # external <-> internal ids
+    rules: Rules = field(default_factory=Rules)  # the business rules, in internal item ids
 
     def positions(self, ids: np.ndarray) -> np.ndarray:
         """Catalog positions of raw item ids; -1 for ids not in the catalog."""
@@ -61,8 +67,9 @@ class Release:
         self._sorted_ids = self.item_ids[self._order]
 
 
-def load_release(root: Path, version: int | None = None) -> Release:
-    """Load ``releases/<version>`` (default: the newest complete one) from the export root."""
+def load_release(root: Path, version: int | None = None, rules: Rules | None = None) -> Release:
+    """Load ``releases/<version>`` (default: the newest complete one) from the export root,
+    with its id maps and ``rules`` mapped to its internal item ids."""
     version = version if version is not None else latest_version(root)
     if version is None:
         raise ArtifactError(
@@ -105,7 +112,9 @@ def load_release(root: Path, version: int | None = None) -> Release:
         primary_genre=np.asarray([g.split("|")[0] for g in genres]),
         genres=genres,
         features=RequestFeatures(workflow, item_columns, int(manifest["config"]["history_length"])),
+        ids=ReleaseIds.load(directory / "online", item_ids),
     )
+    release.rules = (rules or Rules()).for_items(release.ids.items, f"release {version}")
     release.popularity = release.positions(np.asarray(popular, dtype=np.int64))
     if (directory / NEIGHBORS).is_dir():
         release.neighbors, release.embeddings = _neighbor_source(directory, index)
@@ -158,7 +167,9 @@ class ServedReleases:
     problems: list[str]
 
 
-def _newest_that_loads(root: Path, fallback: bool) -> tuple[Release, list[str]]:
+def _newest_that_loads(
+    root: Path, fallback: bool, rules: Rules | None
+) -> tuple[Release, list[str]]:
     versions = complete_versions(root)[::-1]
     if not versions:
         raise ArtifactError(
@@ -167,7 +178,7 @@ def _newest_that_loads(root: Path, fallback: bool) -> tuple[Release, list[str]]:
     refused: list[tuple[int, ArtifactError]] = []
     for version in versions:
         try:
-            release = load_release(root, version)
+            release = load_release(root, version, rules)
         except ArtifactError as error:
             if not fallback:
                 raise ArtifactError(
@@ -195,7 +206,7 @@ def _newest_that_loads(root: Path, fallback: bool) -> tuple[Release, list[str]]:
 
 
 def load_served_releases(
-    root: Path, pinned: int | None, canary: int | None, fallback: bool
+    root: Path, pinned: int | None, canary: int | None, fallback: bool, rules: Rules | None = None
 ) -> ServedReleases:
     """Load the releases a gateway serves, each verified (blocking: it hashes the files).
 
@@ -211,7 +222,7 @@ def load_served_releases(
     problems: list[str] = []
     if pinned is not None:
         try:
-            default = load_release(root, pinned)
+            default = load_release(root, pinned, rules)
         except ArtifactError as error:
             raise ArtifactError(
                 f"release {pinned} is pinned (CASCADE_MODEL_VERSION) and cannot be served: "
@@ -219,11 +230,11 @@ def load_served_releases(
                 "restore the file, or pin a version that verifies"
             ) from error
     else:
-        default, problems = _newest_that_loads(root, fallback)
+        default, problems = _newest_that_loads(root, fallback, rules)
     releases = {default.version: default}
     if canary is not None and canary not in releases:
         try:
-            releases[canary] = load_release(root, canary)
+            releases[canary] = load_release(root, canary, rules)
         except ArtifactError as error:
             if not fallback:
                 raise

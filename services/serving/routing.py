@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import zlib
 
+from core.ids import ExternalId
+
 
 class VersionRouter:
     """Routes a stable share of users to a canary version; the rest to the default.
 
-    A user's bucket is ``crc32(salt/user_id) mod 10000``: stable for one ``salt``, so raising
-    the weight keeps the users already on the canary there; each rollout passes its own salt
-    so the canary's users are drawn afresh (otherwise every rollout would test on the same
-    users, and a fixed difference between two user groups would look like a model effect).
+    A user's bucket is ``crc32(salt/user_id) mod 10000`` (the data set's id, as sent): stable
+    for one ``salt``, so raising the weight keeps the users already on the canary there; each
+    rollout passes its own salt so the canary's users are drawn afresh (otherwise every
+    rollout would test on the same users, and a fixed difference between two user groups
+    would look like a model effect).
     """
 
     def __init__(
@@ -40,7 +43,7 @@ class VersionRouter:
             return ""
         return f"{self.canary}:{self.canary_percent / 100:g}"
 
-    def assign(self, user_id: int, requested: int | None = None) -> tuple[int, str]:
+    def assign(self, user_id: ExternalId, requested: int | None = None) -> tuple[int, str]:
         """(version, split): ``requested`` when it is a served version (split ``""``: the
         client chose, not the split); else the user's stable bucket decides."""
         if requested is not None and requested in self.versions:
@@ -51,6 +54,6 @@ class VersionRouter:
                 return self.canary, self.split
         return self.default, self.split
 
-    def route(self, user_id: int, requested: int | None = None) -> int:
+    def route(self, user_id: ExternalId, requested: int | None = None) -> int:
         """The version of ``assign``."""
         return self.assign(user_id, requested)[0]

@@ -20,17 +20,26 @@ pinned:
 exploration:
   epsilon: 0.0                         # off by default
 ```
+
+Items are named by the data set's own ids (integers, or strings such as ``sku-13``), as in
+the API. Each release maps them to its internal ids when it loads (``Rules.for_items``); ids
+it does not know are dropped, logged once with their count.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from pathlib import Path
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from core.errors import ConfigError
+from core.ids import UNKNOWN, ExternalId
+from services.serving.ids import Id, ServedIdMap
+
+log = logging.getLogger(__name__)
 
 
 class _Strict(BaseModel):
@@ -38,13 +47,13 @@ class _Strict(BaseModel):
 
 
 class Exclusion(_Strict):
-    item_ids: list[int] = []
+    item_ids: list[Id] = []
     genres: list[str] = []
     max_user_age: int | None = Field(None, description="Applies only to users this age or younger.")
 
 
 class Boost(_Strict):
-    item_ids: list[int] = []
+    item_ids: list[Id] = []
     genres: list[str] = []
     factor: float = Field(1.0, gt=0)
     add: float = 0.0
@@ -68,7 +77,7 @@ class Diversity(_Strict):
 
 
 class Pin(_Strict):
-    item_id: int
+    item_id: Id
     position: int = Field(ge=0)
 
 
@@ -82,6 +91,41 @@ class Rules(_Strict):
     diversity: Diversity = Diversity()
     pinned: list[Pin] = []
     exploration: Exploration = Exploration()
+
+    def for_items(self, items: ServedIdMap, release: str) -> Rules:
+        """These rules with a release's internal item ids (``items``: its item map) in place
+        of the data set's ids; ids the release does not know are dropped (one log line with
+        their count, naming ``release``)."""
+        named = [
+            *(i for rule in self.exclude for i in rule.item_ids),
+            *(i for boost in self.boosts for i in boost.item_ids),
+            *(pin.item_id for pin in self.pinned),
+        ]
+        if not named:
+            return self
+        internal = dict(zip(named, items.to_internal(named).tolist(), strict=True))
+        unknown = {i for i, known in internal.items() if known == UNKNOWN}
+        if unknown:
+            log.warning("rules: %d item ids unknown to %s are ignored", len(unknown), release)
+
+        def mapped(ids: list[ExternalId]) -> list[ExternalId]:
+            return [internal[i] for i in ids if internal[i] != UNKNOWN]
+
+        return self.model_copy(
+            update={
+                "exclude": [
+                    e.model_copy(update={"item_ids": mapped(e.item_ids)}) for e in self.exclude
+                ],
+                "boosts": [
+                    b.model_copy(update={"item_ids": mapped(b.item_ids)}) for b in self.boosts
+                ],
+                "pinned": [
+                    p.model_copy(update={"item_id": internal[p.item_id]})
+                    for p in self.pinned
+                    if internal[p.item_id] != UNKNOWN
+                ],
+            }
+        )
 
 
 def load_rules(path: Path | None) -> Rules:

@@ -34,16 +34,17 @@ def rule_excluded_ids(rules: Rules, release: Release, ctx: RequestContext) -> np
 class FilteringStage:
     name = "filtering"
 
-    def __init__(self, releases: dict[int, Release], rules: Rules) -> None:
-        self.releases = releases
-        self.rules = rules
+    def __init__(self, releases: dict[int, Release]) -> None:
+        self.releases = releases  # each with its rules (``Release.rules``)
 
     def banned_positions(self, release: Release, ctx: RequestContext) -> np.ndarray:
         seen = ctx.user.seen if ctx.user is not None else np.zeros(0, np.int64)
         raw = np.concatenate([seen, ctx.unavailable, ctx.exclude]).astype(np.int64)
         positions = release.positions(raw)
         return np.unique(
-            np.concatenate([positions[positions >= 0], rule_excluded_ids(self.rules, release, ctx)])
+            np.concatenate(
+                [positions[positions >= 0], rule_excluded_ids(release.rules, release, ctx)]
+            )
         )
 
     async def __call__(self, ctx: RequestContext) -> RequestContext:

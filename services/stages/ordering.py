@@ -45,27 +45,27 @@ def diversity_order(genres: np.ndarray, cap: int) -> np.ndarray:
 class OrderingStage:
     name = "ordering"
 
-    def __init__(self, releases: dict[int, Release], rules: Rules, seed: int | None = None) -> None:
-        self.releases = releases
-        self.rules = rules
+    def __init__(self, releases: dict[int, Release], seed: int | None = None) -> None:
+        self.releases = releases  # each with its rules (``Release.rules``)
         self.rng = np.random.default_rng(seed)
 
     async def __call__(self, ctx: RequestContext) -> RequestContext:
         release = self.releases[ctx.model_version]
+        rules = release.rules
         day = dt.datetime.fromtimestamp(ctx.timestamp, tz=dt.UTC).date()
         positions = ctx.candidates
-        scores = apply_boosts(self.rules, release, positions, ctx.scores, day)
+        scores = apply_boosts(rules, release, positions, ctx.scores, day)
         order = np.argsort(-scores, kind="stable")
         positions, scores = positions[order], scores[order]
-        cap = self.rules.diversity.max_per_genre
+        cap = rules.diversity.max_per_genre
         if cap is not None and len(positions):
             reorder = diversity_order(release.primary_genre[positions], cap)
             positions, scores = positions[reorder], scores[reorder]
         positions, scores = self._pin(release, ctx, positions, scores)
         if (
-            self.rules.exploration.epsilon > 0
+            rules.exploration.epsilon > 0
             and len(positions) > ctx.k
-            and self.rng.random() < self.rules.exploration.epsilon
+            and self.rng.random() < rules.exploration.epsilon
         ):
             pick = int(self.rng.integers(ctx.k, len(positions)))
             positions[[ctx.k - 1, pick]] = positions[[pick, ctx.k - 1]]
@@ -80,7 +80,7 @@ class OrderingStage:
         self, release: Release, ctx: RequestContext, positions: np.ndarray, scores: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
         banned = ctx.banned
-        for pin in sorted(self.rules.pinned, key=lambda p: p.position):
+        for pin in sorted(release.rules.pinned, key=lambda p: p.position):
             where = release.positions(np.asarray([pin.item_id]))[0]
             if where < 0 or np.isin(where, banned):
                 continue  # not in this catalog, or seen/unavailable/excluded for this user

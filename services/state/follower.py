@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Protocol
 from services.metrics import CANARY_WEIGHT, ROLLOUT_REVISION, VERSION_LOAD_FAILURES, version_label
 from services.serving.release import load_release
 from services.serving.routing import VersionRouter
+from services.serving.rules import Rules
 from services.state.desired_state import DesiredState, DesiredStateStore, describe
 from services.util.background import BackgroundTask
 
@@ -49,13 +50,15 @@ log = logging.getLogger(__name__)
 
 class Followed(Protocol):
     """What the follower changes of a gateway (``services.serving.gateway.Gateway``): the loaded
-    releases, the router, the versions the backend serves. A protocol, so that the follower
-    does not import the gateway that starts it."""
+    releases, the router, the versions the backend serves; a release it loads gets the
+    gateway's rules. A protocol, so that the follower does not import the gateway that
+    starts it."""
 
     settings: Settings
     backend: InferenceBackend
     releases: dict[int, Release]
     router: VersionRouter | None
+    rules: Rules
 
     async def warm_up(self, versions: list[int]) -> None: ...
 
@@ -148,7 +151,7 @@ class StateFollower:
             if version not in gateway.releases:
                 try:
                     release = await asyncio.to_thread(
-                        load_release, gateway.settings.artifacts, version
+                        load_release, gateway.settings.artifacts, version, gateway.rules
                     )
                     gateway.releases[version] = release
                 except Exception as error:

@@ -8,6 +8,10 @@ without a ``request_id``; else untrusted with the reason. Only ``served`` events
 toward a version's KPIs (CTR, hit rate) and the rollout's analysis. Counters move only for
 events stored now (a retried ``event_id`` moves none); their label values come from fixed
 sets, never from the body.
+
+Events name users and items by the data set's ids, as answers do; they are stored with the
+internal ids of the version that served the answer (``unknown_id`` and 0 for an id its maps
+do not know), so the streams the retrain reads hold the models' ids.
 """
 
 from __future__ import annotations
@@ -15,12 +19,20 @@ from __future__ import annotations
 import time
 from typing import Annotated
 
+import numpy as np
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials
 
+from core.ids import UNKNOWN
 from services.api.credentials import KeyRing, bearer, fingerprint
 from services.api.deps import GatewayDep
-from services.api.schemas import ERROR_RESPONSES, ErrorResponse, FeedbackRequest, FeedbackResponse
+from services.api.schemas import (
+    ERROR_RESPONSES,
+    ErrorResponse,
+    FeedbackEvent,
+    FeedbackRequest,
+    FeedbackResponse,
+)
 from services.errors import FeedbackNotDurable
 from services.events.attribution import SERVED, vouch
 from services.metrics import FEEDBACK, FEEDBACK_DUPLICATES, HITS, version_label
@@ -76,6 +88,25 @@ async def _answers(gateway: Gateway, body: FeedbackRequest) -> dict[str, Answer 
     return answers
 
 
+def _internal_ids(
+    gateway: Gateway, events: list[FeedbackEvent], answers: dict[str, Answer | None]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each event's user and item as internal ids (``UNKNOWN``: not in the maps), by the id
+    maps of the version that served the answer its ``request_id`` names, else (organic, or
+    no such answer) the production version's."""
+    versions = []
+    for event in events:
+        answer = answers.get(event.request_id or "")
+        versions.append(answer.version if answer is not None else None)
+    users, items = np.zeros(len(events), np.int64), np.zeros(len(events), np.int64)
+    for version in set(versions):
+        rows = [i for i, v in enumerate(versions) if v == version]
+        ids = gateway.release_ids(version)
+        users[rows] = ids.users.to_internal([events[i].user_id for i in rows])
+        items[rows] = ids.items.to_internal([events[i].item_id for i in rows])
+    return users, items
+
+
 async def _first_clicks(gateway: Gateway, clicked: list[str]) -> set[str]:
     """Of the answers that got a served click now, those whose first click this is: their
     impression set becomes a hit (stored on the event as ``hit: 1``)."""
@@ -106,9 +137,16 @@ async def feedback(
     if refusal is not None:
         raise FeedbackNotDurable(refusal)
     answers = await _answers(gateway, body)
+    users, items = _internal_ids(gateway, body.events, answers)
     vouched = [
-        vouch(str(e.user_id), str(e.item_id), e.request_id, answers.get(e.request_id or ""))
-        for e in body.events
+        vouch(
+            str(user),
+            str(item),
+            e.request_id,
+            answers.get(e.request_id or ""),
+            known=user != UNKNOWN and item != UNKNOWN,
+        )
+        for e, user, item in zip(body.events, users.tolist(), items.tolist(), strict=True)
     ]
     served_clicks = sorted(
         {
@@ -120,10 +158,12 @@ async def feedback(
     hits = await _first_clicks(gateway, served_clicks)
     now = int(time.time())
     events = []
-    for e, (trust, version) in zip(body.events, vouched, strict=True):
+    for e, user, item, (trust, version) in zip(
+        body.events, users.tolist(), items.tolist(), vouched, strict=True
+    ):
         event = {
-            "user_id": str(e.user_id),
-            "item_id": str(e.item_id),
+            "user_id": str(user),
+            "item_id": str(item),
             "type": e.type,
             "model_version": "" if version is None else str(version),
             "timestamp": str(e.timestamp or now),

@@ -30,7 +30,8 @@ async def recommend(body: RecommendRequest, gateway: GatewayDep) -> Response:
 
 
 async def answer(body: RecommendRequest, gateway: Gateway) -> bytes:
-    """The recommendation as the JSON body of the answer; the impression is logged."""
+    """The recommendation as the JSON body of the answer (the data set's ids, from the
+    gateway); the impression is logged in the release's internal ids."""
     ctx, release = await gateway.recommend(
         body.user_id, body.k, body.context, body.exclude, body.model_version
     )
@@ -54,9 +55,9 @@ async def answer(body: RecommendRequest, gateway: Gateway) -> bytes:
         scores = [s if math.isfinite(s) else None for s in scores]
     result = {
         "request_id": ctx.request_id,
-        "user_id": ctx.user_id,
+        "user_id": ctx.external_user_id,
         "items": [
-            {"item_id": i, "score": s} for i, s in zip(item_ids.tolist(), scores, strict=True)
+            {"item_id": i, "score": s} for i, s in zip(ctx.external_item_ids, scores, strict=True)
         ],
         "model_versions": {
             "query_tower": ctx.model_version,

@@ -56,7 +56,8 @@ async def test_k_larger_than_candidates_is_filled(client: httpx.AsyncClient) -> 
     [
         ({"user_id": 1, "k": 0}, "k"),
         ({"user_id": 1, "k": 501}, "k"),
-        ({"user_id": "abc"}, "user_id"),
+        ({"user_id": ""}, "user_id"),  # an id is a number or 1..256 characters
+        ({"user_id": "x" * 257}, "user_id"),
         ({"user_id": 1, "colour": "red"}, "colour"),
         ({"user_id": 1, "exclude": list(range(1001))}, "exclude"),
         ({"k": 3}, "user_id"),

@@ -18,8 +18,9 @@ from services.api.schemas import INT64_MAX
         ({"user_id": 1, "exclude": [2**63]}, "exclude"),
         ({"user_id": 1, "exclude": [-1]}, "exclude"),
         ({"user_id": 1, "model_version": 2**64}, "model_version"),
-        ({"user_id": "1"}, "user_id"),  # no lax coercion of strings
-        ({"user_id": 1, "exclude": [True, False]}, "exclude"),  # nor of booleans
+        ({"user_id": "0" * 300}, "user_id"),  # a string is never read as a number
+        ({"user_id": True}, "user_id"),  # nor a boolean as an id
+        ({"user_id": 1, "exclude": [True, False]}, "exclude"),
         ({"user_id": 1, "k": "5"}, "k"),
         ({"user_id": 1.5}, "user_id"),
         ({"user_id": 1, "k": True}, "k"),
@@ -45,7 +46,9 @@ async def test_the_largest_int64_ids_are_served(client: httpx.AsyncClient) -> No
     [
         {"user_id": 2**63, "item_id": 1, "type": "click"},
         {"user_id": 1, "item_id": 2**63, "type": "click"},
-        {"user_id": "1", "item_id": 1, "type": "click"},
+        {"user_id": "", "item_id": 1, "type": "click"},
+        {"user_id": 1, "item_id": "x" * 257, "type": "click"},
+        {"user_id": 1, "item_id": True, "type": "click"},
         {"user_id": 1, "item_id": 1, "type": "click", "event_id": "a b"},
         {"user_id": 1, "item_id": 1, "type": "click", "event_id": "x" * 65},
     ],

@@ -83,7 +83,7 @@ async def test_retrieval_spends_its_budget_on_items_the_user_has_not_seen(
     user.seen = release.item_ids[ranked[:40]]  # the user has seen the ANN's 40 best
     ctx = await stage(_ctx(release, user=user))
     assert ctx.candidates.tolist() == ranked[40:90].tolist()
-    ctx = await FilteringStage({release.version: release}, Rules())(ctx)
+    ctx = await FilteringStage({release.version: release})(ctx)
     assert len(ctx.candidates) == 50 and not ctx.degraded  # nothing filled from popularity
 
 
@@ -161,7 +161,7 @@ async def test_filtering_removes_seen_unavailable_excluded_and_duplicates(releas
     ctx.retrieval_scores = np.linspace(1, 0, len(ctx.candidates)).astype(np.float32)
     ctx.unavailable = release.item_ids[release.popularity[[20, 21]]]
     ctx.exclude = release.item_ids[release.popularity[[22]]]
-    ctx = await FilteringStage({release.version: release}, Rules())(ctx)
+    ctx = await FilteringStage({release.version: release})(ctx)
     kept = set(ctx.candidates.tolist())
     assert kept == set(release.popularity[23:40].tolist())
     assert len(ctx.candidates) == len(kept) and not ctx.degraded
@@ -172,7 +172,7 @@ async def test_filtering_fills_from_popularity_without_seen_or_duplicates(releas
     ctx = _ctx(release, k=30, user=user)
     ctx.candidates = release.popularity[5:15]  # half of them seen
     ctx.retrieval_scores = np.ones(10, np.float32)
-    ctx = await FilteringStage({release.version: release}, Rules())(ctx)
+    ctx = await FilteringStage({release.version: release})(ctx)
     assert len(ctx.candidates) == 30 and len(set(ctx.candidates.tolist())) == 30
     assert not set(ctx.candidates.tolist()) & set(release.popularity[:10].tolist())
     assert ctx.reasons == ["filtering:too_few_candidates"]
@@ -187,7 +187,9 @@ async def test_genre_exclusion_applies_only_to_young_users(release: Release) -> 
         ctx = _ctx(release, k=5, user=user)
         ctx.candidates = release.popularity[:50].copy()
         ctx.retrieval_scores = np.ones(50, np.float32)
-        ctx = await FilteringStage({release.version: release}, rules)(ctx)
+        ctx = await FilteringStage({release.version: dataclasses.replace(release, rules=rules)})(
+            ctx
+        )
         has_genre = any(genre in g.split("|") for g in release.genres[ctx.candidates])
         assert has_genre is expect_genre
 
@@ -245,7 +247,7 @@ async def test_ordering_applies_boost_diversity_pin_and_cuts_to_k(release: Relea
     )
     ctx = _ctx(release, k=8)
     ctx.candidates, ctx.scores = positions, scores
-    ctx = await OrderingStage({release.version: release}, rules)(ctx)
+    ctx = await OrderingStage({release.version: dataclasses.replace(release, rules=rules)})(ctx)
     assert len(ctx.candidates) == 8
     assert ctx.candidates[0] == last  # boosted x10 inside its date range (ctx time is 2023-11)
     assert release.item_ids[ctx.candidates[1]] == pinned_id
@@ -263,7 +265,7 @@ async def test_a_banned_item_is_never_pinned(release: Release) -> None:
         np.linspace(1, 0, 10).astype(np.float32),
     )
     ctx.banned = np.array([pinned])
-    ctx = await OrderingStage({release.version: release}, rules)(ctx)
+    ctx = await OrderingStage({release.version: dataclasses.replace(release, rules=rules)})(ctx)
     assert pinned not in ctx.candidates.tolist()
 
 
