@@ -23,7 +23,15 @@ from pipelines.evaluation.popularity_check import enforce, recorded_checks, with
 from pipelines.evaluation.report import write_report
 from pipelines.export.exporter import run_export
 from pipelines.prepare import prepare
-from pipelines.split import Split, per_user_split, random_split
+from pipelines.split import (
+    PERMUTATION,
+    SPLIT_METHOD,
+    Split,
+    hashed_split,
+    per_user_split,
+    random_split,
+    row_draws,
+)
 from pipelines.training.ranking import run_ranking
 from pipelines.training.retrieval import run_retrieval
 
@@ -67,11 +75,19 @@ def _source(dataset: str) -> str:
     return dataset if dataset in ("movielens", "synthetic") else str(Path(dataset).resolve())
 
 
-def split_for(raw: RawDataset, config: TrainConfig) -> Split:
-    """The split of ``config.split_protocol``."""
+def split_for(raw: RawDataset, config: TrainConfig, method: str = SPLIT_METHOD) -> Split:
+    """The split of ``config.split_protocol``; ``method`` ``PERMUTATION`` is the one of
+    versions exported before ``SPLIT_METHOD`` (their manifests record no method)."""
+    if method not in (SPLIT_METHOD, PERMUTATION):
+        raise ConfigError(f"unknown split method {method!r}")
+    rows = raw.interactions
+    hashed = method == SPLIT_METHOD
     if config.split_protocol == "per_user":
-        return per_user_split(raw.interactions["user_id"].to_numpy(), config.seed)
-    return random_split(len(raw.interactions), config.seed)
+        draws = row_draws(rows, config.seed) if hashed else None
+        return per_user_split(rows["user_id"].to_numpy(), config.seed, draws=draws)
+    if hashed:
+        return hashed_split(rows, config.seed)
+    return random_split(len(rows), config.seed)
 
 
 def quality_checks(workdir: Path) -> list[dict]:
@@ -134,6 +150,7 @@ def run_pipeline(
                         "newest_timestamp": int(raw.interactions["timestamp"].max()),
                         "data_hash": raw.content_hash(),
                         "split_protocol": config.split_protocol,
+                        "split_method": SPLIT_METHOD,
                         "base_fraction": base_fraction,
                     }
                 )

@@ -26,7 +26,7 @@ from core.features.spec import DENSE, LABEL, build_workflow
 from core.features.workflow import Workflow
 from core.ids import ITEM_ID_MAP, USER_ID_MAP
 from pipelines.data.schema import RawDataset
-from pipelines.split import POSITIVE_RATING, Split, random_split
+from pipelines.split import POSITIVE_RATING, Split, hashed_split
 from pipelines.storage import flatten, write_parquet
 
 SPLITS = ("train", "valid", "test")
@@ -185,14 +185,14 @@ def prepare(
     history_length: int = 20,
     split: Split | None = None,
 ) -> Workflow:
-    """Split (default: the random 8:1:1 protocol; ``cascade retrain`` passes its holdout split),
-    fit the workflow on the training rows, and write every model's inputs."""
+    """Split (default: the hashed random 8:1:1 protocol; ``cascade retrain`` passes its
+    holdout split), fit the workflow on the training rows, and write every model's inputs."""
     workdir.mkdir(parents=True, exist_ok=True)
     schema = dataset.schema
     users = AttributeTable(dataset.users, "user_id", schema.user_attributes)
     items = AttributeTable(dataset.items, "item_id", schema.item_attributes)
     rows = labelled_rows(dataset.interactions, users, items)
-    split = split if split is not None else random_split(len(dataset.interactions), seed)
+    split = split if split is not None else hashed_split(dataset.interactions, seed)
 
     workflow = build_workflow(schema, seed=seed)
     ranking_columns = ranking_parquet_columns(schema)

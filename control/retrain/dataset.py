@@ -259,7 +259,7 @@ def combine(
     timestamps = interactions["timestamp"].to_numpy()
     mask = learnt.mask(len(base.interactions), timestamps)
     digest.update(np.packbits(mask).tobytes())
-    split = holdout_split(timestamps, mask, served, fractions, seed)
+    split = holdout_split(timestamps, mask, served, fractions, seed, keys=interactions)
     window = judged_window(timestamps, served, fractions)
     return TrainingData(
         dataset=combined,

@@ -40,6 +40,7 @@ from pipelines.data.schema import RawDataset
 from pipelines.export.exporter import run_export
 from pipelines.pipeline import DATASET_INFO, load_dataset, split_for
 from pipelines.prepare import prepare
+from pipelines.split import PERMUTATION, SPLIT_METHOD
 from pipelines.training.ranking import run_ranking
 from pipelines.training.retrieval import run_retrieval
 
@@ -117,8 +118,10 @@ def production_learnt(
     - a version made by ``cascade retrain`` recorded ``learnt_until``: every row up to it;
     - a version made by ``cascade train`` on the same data (its manifest's data hash; with
       ``--base-fraction``, on its oldest part) with a random split: that split,
-      reconstructed from the recorded protocol and seed; its training and validation rows
-      count as learnt (validation chose its epochs and blend), newer rows are new to it;
+      reconstructed from the recorded protocol, seed and split method (none recorded: the
+      seeded permutation of versions exported before the hashed split); its training and
+      validation rows count as learnt (validation chose its epochs and blend), newer rows
+      are new to it;
     - a version whose data has changed since (a dataset file whose logs grew): every row up
       to the newest timestamp it was trained on (its manifest's ``newest_timestamp``);
     - anything else: the whole base data set (its newest timestamp).
@@ -133,14 +136,19 @@ def production_learnt(
     config = manifest.get("config", {})
     protocol = manifest.get("split_protocol", config.get("split_protocol"))
     fraction = float(manifest.get("base_fraction", 1.0))
+    # manifests from before the hashed split record no method: the seeded permutation
+    method = manifest.get("split_method", PERMUTATION)
     trained = oldest(full_base, fraction) if 0 < fraction <= 1 else None
     if (
         trained is not None
         and manifest.get("data_hash") == trained.content_hash()
         and protocol in ("global", "per_user")
+        and method in (SPLIT_METHOD, PERMUTATION)
         and isinstance(config.get("seed"), int)
     ):
-        split = split_for(trained, TrainConfig(seed=config["seed"], split_protocol=protocol))
+        split = split_for(
+            trained, TrainConfig(seed=config["seed"], split_protocol=protocol), method
+        )
         positions = oldest_rows(full_base, fraction)  # trained's rows in full_base
         learnt = np.zeros(len(full_base.interactions), bool)
         learnt[positions[split.train]] = learnt[positions[split.valid]] = True
@@ -148,7 +156,7 @@ def production_learnt(
         return Learnt(
             base_rows=learnt[base_rows],
             source=f"version {production}: its {protocol} random split{of}, seed "
-            f"{config['seed']}, reconstructed",
+            f"{config['seed']} ({method}), reconstructed",
         )
     trained_until = manifest.get("newest_timestamp")
     if trained_until is not None:  # the data changed since (new log files): a time watermark

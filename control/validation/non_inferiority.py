@@ -43,18 +43,26 @@ def users_needed_factor(relative: float, low: float, margin: float) -> float | N
     return float(((relative - low) / (relative + margin)) ** 2)
 
 
-def _outcome_detail(outcome: str, relative: float, low: float, margin: float) -> str:
+def _outcome_detail(
+    outcome: str, relative: float, low: float, margin: float, users: int = 0, rows: int = 0
+) -> str:
+    """The outcome in words; when the holdout is too small, about how many more of its
+    ``users`` (and of its ``rows``, at the same rows per user) would decide."""
     if outcome == NON_INFERIOR:
         return "non-inferior"
     if outcome == WORSE:
         return f"WORSE: the whole interval is below -{margin:g}"
     factor = users_needed_factor(relative, low, margin)
-    more = (
-        f"about {factor:.1f}x the holdout users would show it at this difference"
-        if factor is not None
-        else "the point estimate itself is below the margin"
-    )
-    return f"INSUFFICIENT EVIDENCE: the interval straddles -{margin:g} ({more})"
+    if factor is None:
+        more = "the point estimate itself is below the margin"
+    else:
+        more = f"about {factor:.1f}x the holdout users would show it at this difference"
+        if users > 0 and factor > 1:
+            more += (
+                f": about {(factor - 1) * users:,.0f} more users, "
+                f"{(factor - 1) * rows:,.0f} more ranking rows"
+            )
+    return f"INSUFFICIENT EVIDENCE: the interval straddles -{margin:g}, holdout too small ({more})"
 
 
 def non_inferiority_checks(
@@ -101,15 +109,17 @@ def non_inferiority_checks(
             )
         better = "lower" if metric in LOWER_IS_BETTER else "higher"
         outcome = non_inferiority_outcome(interval.relative, interval.low, interval.high, margin)
+        bounds = (interval.relative, interval.low)
         checks.append(
             Check(
                 f"non_inferiority.{metric}",
                 interval.relative,
                 -margin,
                 outcome == NON_INFERIOR,
-                f"{_outcome_detail(outcome, interval.relative, interval.low, margin)}: "
+                f"{_outcome_detail(outcome, *bounds, margin, len(evals.users), len(labels))}: "
                 f"candidate {interval.candidate:.4f} vs production {interval.production:.4f} "
-                f"({better} is better); lower bound must be > -{margin:g}",
+                f"({better} is better); lower bound must be > -{margin:g}; interval width "
+                f"{interval.high - interval.low:.3g} on {len(evals.users)} users",
                 (interval.low, interval.high),
                 "non_inferiority",
                 outcome,

@@ -132,6 +132,13 @@ def table(verdict: Verdict) -> str:
         f"(holdout {verdict.holdout_hash}, data {verdict.data_hash})",
         f"{'check':<36} {'value':>10} {'threshold':>10} {'95% interval':>21}  result  detail",
     ]
+    if verdict.holdout:
+        size = verdict.holdout
+        lines.insert(
+            1,
+            f"holdout: {size.get('rows', 0):,} rows, {size.get('users', 0):,} users with a new "
+            f"positive, {size.get('ranking_rows', 0):,} ranking rows",
+        )
     for check in verdict.checks:
         interval = (
             f"[{_number(check.interval[0])}, {_number(check.interval[1])}]"

@@ -11,6 +11,7 @@ from control.retrain.job import production_learnt
 from pipelines.config import TrainConfig
 from pipelines.data.synthetic import make_synthetic
 from pipelines.pipeline import split_for
+from pipelines.split import PERMUTATION, SPLIT_METHOD
 
 DATA = make_synthetic(50, 40, 1000, seed=0)
 ALL_ROWS = np.arange(1000)
@@ -37,7 +38,8 @@ def test_a_trained_version_of_the_same_data_learnt_its_train_and_valid_rows(
     tmp_path: Path,
 ) -> None:
     config = {"seed": 4, "split_protocol": "per_user"}
-    _manifest(tmp_path, 1, {"data_hash": DATA.content_hash(), "config": config})
+    manifest = {"data_hash": DATA.content_hash(), "config": config}
+    _manifest(tmp_path, 1, {**manifest, "split_method": SPLIT_METHOD})
     base_rows = ALL_ROWS[::2]  # a --base-fraction cut: only these rows are in use
     learnt = production_learnt(tmp_path, 1, DATA, base_rows)
     split = split_for(DATA, TrainConfig(seed=4, split_protocol="per_user"))
@@ -46,6 +48,32 @@ def test_a_trained_version_of_the_same_data_learnt_its_train_and_valid_rows(
     assert learnt.base_rows is not None
     assert np.array_equal(learnt.base_rows, expected[base_rows])
     assert "per_user random split, seed 4" in learnt.source
+
+
+def test_a_version_exported_before_the_hashed_split_is_reconstructed_by_permutation(
+    tmp_path: Path,
+) -> None:
+    """No ``split_method`` in its manifest: the seeded permutation it was trained with."""
+    for protocol in ("global", "per_user"):
+        root = tmp_path / protocol
+        config = {"seed": 4, "split_protocol": protocol}
+        _manifest(root, 1, {"data_hash": DATA.content_hash(), "config": config})
+        learnt = production_learnt(root, 1, DATA, ALL_ROWS)
+        old = split_for(DATA, TrainConfig(seed=4, split_protocol=protocol), PERMUTATION)
+        expected = np.ones(1000, bool)
+        expected[old.test] = False
+        assert learnt.base_rows is not None and np.array_equal(learnt.base_rows, expected)
+        new = split_for(DATA, TrainConfig(seed=4, split_protocol=protocol))
+        assert not np.array_equal(old.test, new.test)  # the hashed split would be wrong
+        assert PERMUTATION in learnt.source
+
+
+def test_an_unknown_split_method_is_not_guessed(tmp_path: Path) -> None:
+    config = {"seed": 4, "split_protocol": "global"}
+    manifest = {"data_hash": DATA.content_hash(), "config": config, "split_method": "later"}
+    _manifest(tmp_path, 1, manifest)
+    learnt = production_learnt(tmp_path, 1, DATA, ALL_ROWS)
+    assert learnt.base_rows is None and "split is unknown" in learnt.source
 
 
 def test_another_data_set_or_no_record_means_all_base_data(tmp_path: Path) -> None:
@@ -62,9 +90,8 @@ def test_a_version_trained_on_the_oldest_part_learnt_nothing_newer(tmp_path: Pat
 
     trained = oldest(DATA, 0.7)
     config = {"seed": 0, "split_protocol": "global"}
-    _manifest(
-        tmp_path, 1, {"data_hash": trained.content_hash(), "config": config, "base_fraction": 0.7}
-    )
+    manifest = {"data_hash": trained.content_hash(), "config": config, "base_fraction": 0.7}
+    _manifest(tmp_path, 1, {**manifest, "split_method": SPLIT_METHOD})
     learnt = production_learnt(tmp_path, 1, DATA, ALL_ROWS)
     assert learnt.base_rows is not None and "oldest 0.7 of the data" in learnt.source
     positions = oldest_rows(DATA, 0.7)

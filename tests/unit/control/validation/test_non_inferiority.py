@@ -82,11 +82,17 @@ def test_checks_say_which_way_they_failed() -> None:
     unsure = checks["non_inferiority.recall@10"]
     assert unsure.outcome == INSUFFICIENT and not unsure.passed
     assert "INSUFFICIENT EVIDENCE" in unsure.detail and "x the holdout users" in unsure.detail
+    assert "holdout too small" in unsure.detail and "more users" in unsure.detail
+    assert "more ranking rows" in unsure.detail
+    low, high = unsure.interval or (0.0, 0.0)
+    assert f"interval width {high - low:.3g} on {users} users" in unsure.detail
     assert checks["non_inferiority.ndcg@10"].outcome == NON_INFERIOR  # a 50 % margin
     verdict = Verdict(2, 1, list(checks.values()), "d", "h", {})
     assert verdict.as_dict()["insufficient_evidence"] == ["non_inferiority.recall@10"]
     assert verdict.as_dict()["worse"] == []
     assert "insufficient evidence (the holdout cannot tell, not shown worse)" in table(verdict)
+    sized = Verdict(2, 1, [], "d", "h", {"rows": 1200, "users": 300, "ranking_rows": 900})
+    assert "holdout: 1,200 rows, 300 users with a new positive, 900 ranking rows" in table(sized)
 
 
 def test_nothing_to_compare_on_is_insufficient_evidence() -> None:

@@ -1,10 +1,83 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from core.errors import ConfigError
-from pipelines.split import random_split
+from pipelines.split import hashed_split, holdout_split, random_split, row_draws
+
+
+def _rows(n: int, seed: int = 0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    return pd.DataFrame(
+        {
+            "user_id": rng.integers(0, 300, n),
+            "item_id": rng.integers(0, 500, n),
+            "timestamp": rng.integers(0, 10**9, n),
+        }
+    )
+
+
+def _parts(n: int, split) -> np.ndarray:  # type: ignore[no-untyped-def]
+    part = np.full(n, -1)
+    part[split.train], part[split.valid], part[split.test] = 0, 1, 2
+    return part
+
+
+def test_hashed_split_covers_every_row_once_at_the_fractions_in_expectation() -> None:
+    rows = _rows(20_000)
+    split = hashed_split(rows, seed=3)
+    together = np.concatenate([split.train, split.valid, split.test])
+    assert np.array_equal(np.sort(together), np.arange(20_000))
+    for part, share in ((split.train, 0.8), (split.valid, 0.1), (split.test, 0.1)):
+        sd = np.sqrt(20_000 * share * (1 - share))
+        assert abs(len(part) - share * 20_000) < 4 * sd
+
+
+def test_adding_or_removing_one_row_changes_no_other_rows_assignment() -> None:
+    rows = _rows(5_000)
+    before = _parts(5_000, hashed_split(rows, seed=7))
+    extra = pd.DataFrame({"user_id": [1], "item_id": [2], "timestamp": [123]})
+    for grown in (
+        pd.concat([rows, extra], ignore_index=True),  # appended
+        pd.concat([extra, rows], ignore_index=True),
+    ):  # or first: positions shift
+        after = _parts(len(grown), hashed_split(grown, seed=7))
+        offset = 1 if grown.iloc[0].equals(extra.iloc[0]) else 0
+        assert np.array_equal(after[offset : offset + 5_000], before)
+    shrunk = rows.drop(index=1234).reset_index(drop=True)
+    after = _parts(len(shrunk), hashed_split(shrunk, seed=7))
+    assert np.array_equal(after, np.delete(before, 1234))
+    # the permutation split of older versions moved hundreds of other rows
+    old = _parts(5_000, random_split(5_000, 7))
+    moved = _parts(5_001, random_split(5_001, 7))[:5_000] != old
+    assert moved.sum() > 100
+
+
+def test_hashed_split_is_seeded_and_reads_string_ids() -> None:
+    rows = _rows(2_000)
+    assert np.array_equal(hashed_split(rows, 1).test, hashed_split(rows, 1).test)
+    assert not np.array_equal(hashed_split(rows, 1).test, hashed_split(rows, 2).test)
+    named = rows.assign(user_id="u" + rows["user_id"].astype(str))
+    draws = row_draws(named, 1)
+    assert np.array_equal(draws, row_draws(named.iloc[::-1], 1)[::-1])  # order-free
+    assert draws.min() >= 0 and draws.max() < 1
+    with pytest.raises(ConfigError, match="needs the columns"):
+        row_draws(rows.drop(columns="item_id"), 1)
+
+
+def test_the_retrains_validation_draw_moves_no_other_row_when_a_row_is_added() -> None:
+    rows = _rows(3_000)
+    learnt = np.random.default_rng(1).random(3_000) < 0.8
+    stamps = rows["timestamp"].to_numpy()
+    before = _parts(3_000, holdout_split(stamps, learnt, seed=2, keys=rows))
+    old = rows.iloc[[int(np.argmin(stamps))]].assign(item_id=10**6)  # an old, unrelated row
+    grown = pd.concat([rows, old], ignore_index=True)
+    after = holdout_split(grown["timestamp"].to_numpy(), np.r_[learnt, True], seed=2, keys=grown)
+    assert np.array_equal(_parts(3_001, after)[:3_000], before)
+    with pytest.raises(ValueError, match="one row per row"):
+        holdout_split(stamps, learnt, keys=rows.iloc[:10])
 
 
 def test_parts_are_disjoint_cover_everything_and_follow_fractions() -> None:
@@ -74,7 +147,8 @@ def test_holdout_split_holds_out_the_newest_window_minus_what_production_learnt(
     assert np.array_equal(np.sort(together), np.arange(1000))
     # what production learnt in the window is the candidate's to learn too
     assert set(window[learnt[window]]) <= set(split.train) | set(split.valid)
-    assert len(split.valid) == round(len(np.r_[split.train, split.valid]) / 9)
+    rest = len(np.r_[split.train, split.valid])
+    assert abs(len(split.valid) - rest / 9) < 4 * np.sqrt(rest / 9)  # 1:8 in expectation
     # validation is drawn at random, not the newest of the rest
     assert timestamps[split.valid].min() < 500 < timestamps[split.valid].max()
     again = holdout_split(timestamps, learnt, seed=1)
