@@ -168,6 +168,6 @@ def test_the_command_registers_the_new_version_and_fails_cleanly(
     pd.DataFrame({"item_id": [1]}).to_parquet(path)
     before = _snapshot(root)
     code = main(["catalog", "update", str(path), "--artifacts", str(root)])
-    assert code != 0
+    assert code == 3
     assert "column 'year' is missing" in capsys.readouterr().err
     assert _snapshot(root) == before
