@@ -7,7 +7,8 @@ Scenarios (each from a clean registry and rollout record, on the same stack):
 1. ``better``   a well-trained candidate against a weakened production -> promoted;
 2. ``worse``    a forced candidate with shuffled item embeddings -> rolled back before 50 %;
 3. ``aa``       candidate identical to production, repeated: rollbacks counted per reason;
-4. ``no_traffic`` a trickle of traffic -> held, rolled back at the deadline (``no_traffic``);
+4. ``no_traffic`` a trickle of traffic -> held, ends at the deadline: ``inconclusive`` (answers
+   came, too few to decide), ``no_traffic`` only when an arm got no answer at all;
 5. ``resume``   the controller is killed mid-rollout, a new one resumes and finishes;
 6. ``triton``   on a real Triton, the candidate's ranker cannot load -> aborted
                 (``canary_load_failed``), production serving throughout.
@@ -602,7 +603,8 @@ async def scenario_aa(stack: Stack, repetitions: int) -> dict[str, Any]:
         "outcomes": dict(outcomes),
         "false_rollbacks": false_kpi,
         "false_rollback_rate": round(false_kpi / repetitions, 3) if repetitions else None,
-        "deadline_rollbacks": outcomes.get("rolled_back:no_traffic", 0),
+        "deadline_rollbacks": outcomes.get("rolled_back:no_traffic", 0)
+        + outcomes.get("rolled_back:inconclusive", 0),
         "time_to_decision_s": [r["time_to_decision_s"] for r in runs],
         "answers_per_s": [r["answers_per_s"] for r in runs],
         "latency_p99_ms": [r["latency_p99_ms"] for r in runs],
@@ -679,7 +681,7 @@ async def on_triton(stack: Stack, directory: Path) -> AsyncIterator[Stack]:
 EXPECTED = {
     "better": ("promoted", "kpi_pass"),
     "worse": ("rolled_back", None),
-    "no_traffic": ("rolled_back", "no_traffic"),
+    "no_traffic": ("rolled_back", None),  # inconclusive, or no_traffic without answers
     "resume": ("promoted", "kpi_pass"),
     "triton": ("rolled_back", "canary_load_failed"),
 }
@@ -694,6 +696,9 @@ def judge(name: str, result: dict[str, Any]) -> bool:
     ok = result["outcome"] == outcome and reason in (None, result["reason"])
     if name == "worse":
         ok = ok and result["reason"] == "kpi_worse" and result["max_weight"] < 0.5
+    if name == "no_traffic":
+        answered = result["arms"].get("canary", {}).get("requests", 0) > 0
+        ok = ok and result["reason"] == ("inconclusive" if answered else "no_traffic")
     if name == "resume":
         ok = ok and result["controller_kills"] == 1
     return clean and ok

@@ -83,7 +83,8 @@ def add_rollout_parser(commands: Any) -> None:
             "--step-deadline-s",
             opt.positive_float,
             plan.step_deadline_s,
-            "a step holding this long for lack of data rolls back (no_traffic)",
+            "a step still undecided this long ends: no_traffic when an arm got no answer, "
+            "else inconclusive (see --on-inconclusive)",
         ),
         (
             "--apply-deadline-s",
@@ -119,6 +120,14 @@ def add_rollout_parser(commands: Any) -> None:
     )
     for flag, parse, default, text in timing_and_thresholds:
         parser.add_argument(flag, type=parse, default=default, help=text)
+    parser.add_argument(
+        "--on-inconclusive",
+        choices=("stay", "promote_non_inferior"),
+        default=plan.on_inconclusive,
+        help="a step undecided at --step-deadline-s with traffic in both arms: stay on "
+        "production (rolled back, reason inconclusive), or promote a candidate a final "
+        "fixed-horizon test shows non-inferior at --margin (reason non_inferior)",
+    )
     parser.add_argument(
         "--force",
         action="store_true",
@@ -188,6 +197,7 @@ def _plan(args: argparse.Namespace) -> RolloutPlan:
         args.step_deadline_s,
         analysis,
         apply_deadline_s=args.apply_deadline_s,
+        on_inconclusive=args.on_inconclusive,
     )
 
 

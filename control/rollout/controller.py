@@ -17,8 +17,11 @@ One look (``RolloutController.look``), every ``interval_s``:
 3. ``analysis.analyse``: sample-ratio mismatch halts (rolled back, reason ``srm``), a
    guardrail breach fails at once, the always-valid CTR test passes, fails or holds;
 4. act: fail → roll back; pass for at least ``min_step_s`` → next weight, or promote after
-   the last; hold past ``step_deadline_s`` → roll back with reason ``no_traffic`` (both
-   counted from when the replicas applied the step).
+   the last; hold past ``step_deadline_s`` (both counted from when the replicas applied the
+   step) → ``no_traffic`` when an arm got no answer in the step, else ``inconclusive``
+   (``control.rollout.horizon``): stay on production, or with ``on_inconclusive``
+   ``promote_non_inferior`` promote a candidate a final fixed-horizon test shows
+   non-inferior (reason ``non_inferior``).
 
 Every look's decision (values, thresholds, p-values, sample sizes) is stored in the rollout
 record and appended to the audit trail; the record holds the stream cursors and counts, so a
@@ -40,7 +43,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from prometheus_client import Counter, Gauge
@@ -49,6 +52,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from control.registry import Registry, RegistryUnavailable, VersionState, adopt_served
 from control.rollout.analysis import AnalysisConfig, Decision, SequentialState, analyse
+from control.rollout.horizon import at_horizon
 from control.rollout.state import OperatorRequest, RolloutLog, RolloutRecord
 from core.errors import CascadeError
 from services.errors import DependencyUnavailable
@@ -123,8 +127,16 @@ class RolloutPlan:
     # rollout is rolled back with reason not_applied; min_step_s and step_deadline_s count
     # from when they have applied it (the traffic a step is judged on)
     apply_deadline_s: float = 600.0
+    # a step still undecided at step_deadline_s with traffic in both arms: "stay" on
+    # production (the safe default), or "promote_non_inferior" when a final fixed-horizon
+    # test shows the candidate non-inferior at the margin (spends up to alpha more)
+    on_inconclusive: Literal["stay", "promote_non_inferior"] = "stay"
 
     def __post_init__(self) -> None:
+        if self.on_inconclusive not in ("stay", "promote_non_inferior"):
+            raise RolloutRefused(
+                f"on_inconclusive must be stay or promote_non_inferior, got {self.on_inconclusive}"
+            )
         if not self.weights or any(not 0 < w < 1 for w in self.weights):
             raise RolloutRefused(f"step weights must lie in (0, 1), got {list(self.weights)}")
         if list(self.weights) != sorted(self.weights):
@@ -329,7 +341,31 @@ class RolloutController:
         elif decision.outcome == "pass" and in_step >= self.plan.min_step_s:
             self._advance(record)
         elif decision.outcome == "hold" and in_step >= self.plan.step_deadline_s:
-            self._finish(record, rolled_back=True, reason="no_traffic")
+            self._at_horizon(record)
+
+    def _at_horizon(self, record: RolloutRecord) -> None:
+        """The step's deadline came undecided: no_traffic, inconclusive or non_inferior."""
+        control, canary = record.arm("control"), record.arm("canary")
+        step = (
+            control.requests - record.step_requests.get("control", 0),
+            canary.requests - record.step_requests.get("canary", 0),
+        )
+        horizon = at_horizon(
+            control.stats(),
+            canary.stats(),
+            step,
+            self.plan.analysis,
+            self.clock() - record.started_at,
+        )
+        if record.last_decision is not None:
+            record.last_decision["horizon"] = dataclasses.asdict(horizon)
+        if horizon.ending == "no_traffic":
+            self._finish(record, rolled_back=True, reason="no_traffic", detail=horizon.detail)
+        elif self.plan.on_inconclusive == "promote_non_inferior" and horizon.non_inferior:
+            detail = f"{horizon.detail}; a fixed-horizon test shows it non-inferior"
+            self._finish(record, rolled_back=False, reason="non_inferior", detail=detail)
+        else:
+            self._finish(record, rolled_back=True, reason="inconclusive", detail=horizon.detail)
 
     async def _read_streams(self, record: RolloutRecord) -> None:
         arms = {record.production: record.arm("control"), record.version: record.arm("canary")}
@@ -378,6 +414,7 @@ class RolloutController:
         here (the sample-ratio test needs no such moment: each answer names its split)."""
         if record.step_applied_at is None:
             record.step_applied_at = self.clock()
+            record.step_requests = {name: arm.requests for name, arm in record.arms.items()}
 
     def _replicas_behind(self) -> list[str]:
         """Live gateway replicas that have not applied the current desired state yet."""

@@ -93,7 +93,7 @@ def mixture_test(
     t2 = tau * tau
     theta = x2 / n_canary - x1 / n_control
     log_lr = 0.5 * math.log(s2 / (s2 + t2)) + t2 * theta * theta / (2.0 * s2 * (s2 + t2))
-    half = math.sqrt(s2 * (s2 + t2) / t2 * (math.log((s2 + t2) / s2) + 2.0 * math.log(1.0 / alpha)))
+    half = half_width(s2, tau, alpha)
     out.update(
         rate_control=x1 / n_control,
         rate_canary=x2 / n_canary,
@@ -111,3 +111,33 @@ def mixture_test(
 def smoothed(successes: int, trials: int) -> float:
     """The rate with the half pseudo-count, positive even with no successes or trials."""
     return (min(successes, trials) + PSEUDO_COUNT) / (max(trials, 0) + 2 * PSEUDO_COUNT)
+
+
+def half_width(variance: float, tau: float, alpha: float) -> float:
+    """Half-width of the mixture's confidence sequence when the difference's estimate has
+    ``variance`` (it grows with the variance: more data, narrower)."""
+    t2 = tau * tau
+    return math.sqrt(
+        variance
+        * (variance + t2)
+        / t2
+        * (math.log((variance + t2) / variance) + 2.0 * math.log(1.0 / alpha))
+    )
+
+
+def variance_to_decide(distance: float, tau: float, alpha: float) -> float:
+    """The largest variance of the difference's estimate at which the confidence sequence's
+    half-width is at most ``distance``: with the estimate ``distance`` away from a bound,
+    the test decides once the variance falls below it (it falls as 1 / samples)."""
+    if distance <= 0.0 or tau <= 0.0:
+        raise ConfigError(f"distance and tau must be positive, got {distance}, {tau}")
+    low, high = 0.0, max(distance * distance, tau * tau)
+    while half_width(high, tau, alpha) < distance:  # widen until it brackets
+        high *= 4.0
+    for _ in range(100):  # bisection on a monotone function; 1e-30 relative is plenty
+        middle = 0.5 * (low + high)
+        if middle <= 0.0 or half_width(middle, tau, alpha) > distance:
+            high = middle
+        else:
+            low = middle
+    return low

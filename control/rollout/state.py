@@ -157,6 +157,8 @@ class RolloutRecord(BaseModel):
     step_started_at: float = Field(default_factory=time.time)
     # when every live replica had applied the step's routing (None: still loading)
     step_applied_at: float | None = None
+    # each arm's requests when the step's routing was applied: what the step itself got
+    step_requests: dict[str, int] = Field(default_factory=dict)
     updated_at: float = Field(default_factory=time.time)
     reason: str = ""
     detail: str = ""  # what the reason measured, or the operator's words
