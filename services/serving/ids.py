@@ -11,7 +11,7 @@ kinds: the string ``"42"`` names no item of an integer data set.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
@@ -116,13 +116,16 @@ class ReleaseIds:
         return cls(ServedIdMap(IdMap.identity()), ServedIdMap(IdMap.identity()))
 
     @classmethod
-    def load(cls, online: Path, catalog: np.ndarray) -> ReleaseIds:
+    def load(cls, online: Path, catalog: np.ndarray, unlisted: Container[Path] = ()) -> ReleaseIds:
         """The maps in a release's ``online/`` directory, checked against its ``catalog`` (the
         internal item ids): each id once, and a string item map that names every catalog
-        item (``ArtifactError`` otherwise). Their lookup tables are built here, not on the
-        first request."""
-        users = ServedIdMap(IdMap.load(online / USER_ID_MAP))
-        items = ServedIdMap(IdMap.load(online / ITEM_ID_MAP))
+        item (``ArtifactError`` otherwise). A file its manifest does not list (``unlisted``)
+        is not served, as no unlisted file is (``core.export.verify``). The lookup tables are
+        built here, not on the first request."""
+        users, items = (
+            ServedIdMap(IdMap.identity() if path in unlisted else IdMap.load(path))
+            for path in (online / USER_ID_MAP, online / ITEM_ID_MAP)
+        )
         for name, served in ((USER_ID_MAP, users), (ITEM_ID_MAP, items)):
             if not served.unique:
                 raise ArtifactError(f"{online / name}: an id appears more than once")

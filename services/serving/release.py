@@ -80,7 +80,7 @@ def load_release(root: Path, version: int | None = None, rules: Rules | None = N
         raise ArtifactError(f"{directory} has no {MANIFEST} (missing or incomplete export)")
     manifest = json.loads((directory / MANIFEST).read_text())
     models = manifest.get("models", {})
-    verify_version(
+    checked = verify_version(
         root,
         version,
         [f"releases/{version}", *(f"model_repository/{m}/{v}" for m, v in models.items())],
@@ -112,7 +112,7 @@ def load_release(root: Path, version: int | None = None, rules: Rules | None = N
         primary_genre=np.asarray([g.split("|")[0] for g in genres]),
         genres=genres,
         features=RequestFeatures(workflow, item_columns, int(manifest["config"]["history_length"])),
-        ids=ReleaseIds.load(directory / "online", item_ids),
+        ids=ReleaseIds.load(directory / "online", item_ids, {root / n for n in checked.unlisted}),
     )
     release.rules = (rules or Rules()).for_items(release.ids.items, f"release {version}")
     release.popularity = release.positions(np.asarray(popular, dtype=np.int64))

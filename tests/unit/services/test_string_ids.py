@@ -28,6 +28,7 @@ from core.export.verify import MANIFEST
 from core.ids import ITEM_ID_MAP, MAX_ID_LENGTH, UNKNOWN, USER_ID_MAP, IdMap
 from services.api.app import create_app
 from services.serving.ids import ReleaseIds, ServedIdMap
+from services.serving.release import load_release
 from services.serving.routing import VersionRouter
 from services.serving.rules import Boost, Exclusion, Pin, Rules
 from services.settings import Settings
@@ -42,11 +43,13 @@ def _value(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
-def _write_maps(release: Path, users: list[str], items: list[str]) -> None:
-    """Save id maps into a release and record them in its manifest's checksums."""
+def _write_maps(release: Path, users: list[str], items: list[str], listed: bool = True) -> None:
+    """Save id maps into a release and (``listed``) record them in its manifest's checksums."""
     online = release / "online"
     IdMap("str", users).save(online / USER_ID_MAP)
     IdMap("str", items).save(online / ITEM_ID_MAP)
+    if not listed:
+        return
     manifest = json.loads((release / MANIFEST).read_text())
     for name in (USER_ID_MAP, ITEM_ID_MAP):
         path = online / name
@@ -54,10 +57,8 @@ def _write_maps(release: Path, users: list[str], items: list[str]) -> None:
     (release / MANIFEST).write_text(json.dumps(manifest))
 
 
-@pytest.fixture(scope="module")
-def string_export(exported: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def _string_ids(exported: Path, root: Path, listed: bool = True) -> Path:
     """A copy of the test export whose ids are strings: ``user-n`` and ``sku-n``."""
-    root = tmp_path_factory.mktemp("string-ids")
     shutil.copytree(exported, root, dirs_exist_ok=True)
     release = root / "releases" / "1"
     n_users = int(pd.read_parquet(release / "online" / "users.parquet")["user_id"].max())
@@ -66,8 +67,14 @@ def string_export(exported: Path, tmp_path_factory: pytest.TempPathFactory) -> P
         release,
         [f"user-{n}" for n in range(1, n_users + 1)],
         [SKU.format(n) for n in range(1, n_items + 1)],
+        listed,
     )
     return root
+
+
+@pytest.fixture(scope="module")
+def string_export(exported: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _string_ids(exported, tmp_path_factory.mktemp("string-ids"))
 
 
 @asynccontextmanager
@@ -155,6 +162,15 @@ def test_a_map_that_does_not_fit_the_release_is_refused(
     IdMap("str", items).save(tmp_path / ITEM_ID_MAP)
     with pytest.raises(ArtifactError, match=problem):
         ReleaseIds.load(tmp_path, np.arange(1, 4))
+
+
+def test_a_release_loads_its_maps_but_not_unlisted_ones(
+    exported: Path, string_export: Path, tmp_path: Path
+) -> None:
+    assert load_release(string_export).ids.items.kind == "str"
+    assert load_release(exported).ids.items.kind == "int"
+    stray = _string_ids(exported, tmp_path / "stray", listed=False)
+    assert load_release(stray).ids.items.kind == "int"  # not in the manifest: not served
 
 
 def test_rules_are_mapped_to_internal_ids_and_unknown_ones_dropped(
