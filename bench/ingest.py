@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -109,18 +108,29 @@ def run_ingest(dataset: Path) -> dict[str, Any]:
 
 
 def in_child(step: str, dataset: Path) -> dict[str, Any]:
-    """Run ``step`` in a child process; its result and peak RSS in GB."""
+    """Run ``step`` in a child process; its result, with the child's peak RSS in GB."""
     child = subprocess.Popen(
         [sys.executable, __file__, "--child", step, str(dataset)], stdout=subprocess.PIPE, text=True
     )
     assert child.stdout is not None
-    output = child.stdout.read()
-    _, status, usage = os.wait4(child.pid, 0)
+    output = ""
+    for line in child.stdout:  # progress lines pass through, the last one is the result
+        output += line
+        if not line.startswith("{"):
+            print(line, end="", flush=True)
+    status = child.wait()
     if status != 0:
         raise SystemExit(f"{step} failed (status {status}) on {dataset}")
-    result = json.loads(output.strip().splitlines()[-1])
-    result["peak_rss_gb"] = round(usage.ru_maxrss / 1024**2, 2)  # ru_maxrss is in KiB
-    return result
+    return json.loads(output.strip().splitlines()[-1])
+
+
+def peak_rss_gb() -> float:
+    """This process's peak resident memory (VmHWM: since its exec, unlike ru_maxrss, which a
+    child inherits from the parent it was forked from)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return round(int(line.split()[1]) / 1024**2, 2)
+    return float("nan")
 
 
 def main() -> None:
@@ -134,8 +144,13 @@ def main() -> None:
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        step, dataset = args.child[0], Path(args.child[1])
-        result = engine_read(dataset) if step == "read" else run_ingest(dataset)
+        step, path = args.child[0], Path(args.child[1])
+        if step == "generate":  # here, so that the parent stays small
+            generate(path.parent, int(path.parent.name.removeprefix("rows-")))
+            result: dict[str, Any] = {}
+        else:
+            result = engine_read(path) if step == "read" else run_ingest(path)
+        result["peak_rss_gb"] = peak_rss_gb()
         print(json.dumps(result), flush=True)
         return
 
@@ -148,7 +163,9 @@ def main() -> None:
         raise SystemExit(f"not enough free disk under {args.workdir}: pass smaller --sizes")
     results = []
     for rows in sizes:
-        dataset = generate(args.workdir / f"rows-{rows}", rows)
+        dataset = args.workdir / f"rows-{rows}" / "dataset.yaml"
+        if not dataset.exists():
+            in_child("generate", dataset)
         read = in_child("read", dataset)
         print(
             f"{rows:>12,} rows  engine read  {read['rows'] / read['seconds']:>12,.0f} rows/s"

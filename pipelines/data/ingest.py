@@ -117,7 +117,13 @@ def fingerprints(words: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     with np.errstate(over="ignore"):
         h1 = _mix(length.astype(np.uint64) * _M1)
         h2 = _mix(~h1 ^ _M2)
+        shortest = int(length.min(initial=0))
         for k in range(0, int(length.max(initial=0)), 8):
+            if k + 8 <= shortest:  # every word has 8 bytes here: no masking
+                chunk = window[start + k]
+                h1 = _mix(h1 ^ chunk) * _M1
+                h2 = _mix((h2 + chunk) * _M2) ^ (h2 >> np.uint64(17))
+                continue
             live = np.flatnonzero(length > k)  # words with bytes left at offset k
             chunk = window[start[live] + k]
             left = np.minimum(length[live] - k, 8).astype(np.uint64)
@@ -132,32 +138,26 @@ def fingerprints(words: pa.Array) -> tuple[np.ndarray, np.ndarray]:
 class StringIds:
     """String ids -> internal ids 1..N in first-seen order: the strings' fingerprints in an
     open-addressing hash table of numpy arrays, so a batch's distinct ids are looked up and
-    added vectorised, without rebuilding anything per batch."""
+    added vectorised, without rebuilding anything per batch. A slot is one row of
+    ``(fingerprint 1, fingerprint 2, id)``, so a probe touches one cache line."""
 
     def __init__(self) -> None:
-        self._keys = np.zeros(1 << 12, np.uint64)
-        self._checks = np.zeros_like(self._keys)
-        self._values = np.zeros(len(self._keys), np.int64)
+        self._slots = np.zeros((1 << 12, 3), np.uint64)  # fingerprint 1 = 0: empty
         self.count = 0
         self._words: list[pa.Array] = []
 
     def ids(self, words: pa.Array) -> np.ndarray:
-        """The internal ids of distinct ``words``; those not met before are numbered on."""
+        """The internal ids of ``words`` (distinct, as a dictionary's are); those not met
+        before are numbered on, in their order."""
         h1, h2 = fingerprints(words)
         out = self._find(h1, h2)
         new = np.flatnonzero(out == 0)
         if new.size:
-            pairs = np.stack([h1[new], h2[new]], axis=1)
-            _, first, inverse = np.unique(pairs, axis=0, return_index=True, return_inverse=True)
-            order = np.argsort(first)  # number distinct new words in order of appearance
-            rank = np.empty_like(order)
-            rank[order] = np.arange(len(order))
-            out[new] = self.count + 1 + rank[inverse.ravel()]
-            firsts = new[first[order]]
-            self._grow(len(firsts))
-            self._place(h1[firsts], h2[firsts], out[firsts])
-            self.count += len(firsts)
-            self._words.append(words.take(pa.array(firsts)))
+            out[new] = self.count + 1 + np.arange(new.size)
+            self._grow(new.size)
+            self._place(h1[new], h2[new], out[new].astype(np.uint64))
+            self.count += new.size
+            self._words.append(words.take(pa.array(new)))
         return out
 
     def words(self) -> list[str]:
@@ -165,48 +165,40 @@ class StringIds:
         return [w for chunk in self._words for w in chunk.to_pylist()]
 
     def _find(self, h1: np.ndarray, h2: np.ndarray) -> np.ndarray:
-        mask = np.uint64(len(self._keys) - 1)
+        mask = np.uint64(len(self._slots) - 1)
         slot, out = h1 & mask, np.zeros(len(h1), np.int64)
         pending = np.arange(len(h1))
         while pending.size:
-            at = slot[pending]
-            key = self._keys[at]
-            hit = (key == h1[pending]) & (self._checks[at] == h2[pending])
-            out[pending[hit]] = self._values[at[hit]]
-            pending = pending[~hit & (key != 0)]  # linear probing
+            rows = np.take(self._slots, slot[pending], axis=0)
+            hit = (rows[:, 0] == h1[pending]) & (rows[:, 1] == h2[pending])
+            out[pending[hit]] = rows[hit, 2]
+            pending = pending[~hit & (rows[:, 0] != 0)]  # linear probing
             slot[pending] = (slot[pending] + np.uint64(1)) & mask
         return out
 
     def _place(self, h1: np.ndarray, h2: np.ndarray, values: np.ndarray) -> None:
-        mask = np.uint64(len(self._keys) - 1)
+        mask = np.uint64(len(self._slots) - 1)
         slot, pending = h1 & mask, np.arange(len(h1))
         while pending.size:
             at = slot[pending]
-            free = self._keys[at] == 0
-            slots, first = np.unique(at[free], return_index=True)  # one winner per free slot
-            won = pending[free][first]
-            self._keys[slots], self._checks[slots], self._values[slots] = (
-                h1[won],
-                h2[won],
-                values[won],
-            )
-            placed = np.zeros(len(h1), bool)
-            placed[won] = True
-            pending = pending[~placed[pending]]
+            free = self._slots[at, 0] == 0
+            claim, where = pending[free], at[free]
+            # several may claim one free slot: the last write wins, the others probe on
+            self._slots[where] = np.stack([h1[claim], h2[claim], values[claim]], axis=1)
+            won = np.zeros(len(pending), bool)
+            won[free] = self._slots[where, 2] == values[claim]
+            pending = pending[~won]
             slot[pending] = (slot[pending] + np.uint64(1)) & mask
 
     def _grow(self, more: int) -> None:
         """Keep the table at most half full."""
-        size = len(self._keys)
+        size = len(self._slots)
         while (self.count + more) * 2 > size:
             size *= 2
-        if size != len(self._keys):
-            used = self._keys != 0
-            old = self._keys[used], self._checks[used], self._values[used]
-            self._keys = np.zeros(size, np.uint64)
-            self._checks = np.zeros_like(self._keys)
-            self._values = np.zeros(size, np.int64)
-            self._place(*old)
+        if size != len(self._slots):
+            old = self._slots[self._slots[:, 0] != 0]
+            self._slots = np.zeros((size, 3), np.uint64)
+            self._place(old[:, 0], old[:, 1], old[:, 2])
 
 
 class _KindMismatch(Exception):

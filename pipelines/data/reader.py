@@ -112,23 +112,14 @@ def _missing(path: Path, found: list[str], columns: list[str]) -> None:
 def _batches(
     path: Path, columns: list[str], delimiter: str, types: Mapping[str, pa.DataType]
 ) -> Iterator[pa.RecordBatch]:
-    fmt = file_format(path)
-    if fmt == "jsonl":
+    """The batches of one CSV or JSON lines file."""
+    if file_format(path) == "jsonl":
         with _json_reader(path, None) as reader:
             _missing(path, list(reader.schema.names), columns)
             for batch in reader:
                 yield batch.select(columns)
         return
-    if fmt == "parquet":
-        # text columns as dictionaries: parquet stores them so, and ids map per distinct value
-        schema = pq.read_schema(path)
-        text = [
-            c for c in columns if c in schema.names and pa.types.is_string(schema.field(c).type)
-        ]
-        options = ds.ParquetReadOptions(dictionary_columns=text)
-        dataset = ds.dataset(str(path), format=ds.ParquetFileFormat(read_options=options))
-    else:
-        dataset = _csv_dataset(path, delimiter, {c: t for c, t in types.items() if c in columns})
+    dataset = _csv_dataset(path, delimiter, {c: t for c, t in types.items() if c in columns})
     _missing(path, list(dataset.schema.names), columns)
     yield from dataset.to_batches(columns=columns, batch_size=BATCH_ROWS)
 
@@ -150,15 +141,62 @@ def read_batches(
 def _read(
     files: list[Path], columns: list[str], delimiter: str, csv_types: Mapping[str, pa.DataType]
 ) -> Iterator[Batch]:
-    for path in files:
-        offset = 0
+    for group in _groups(files, columns):
+        offsets = dict.fromkeys(map(str, group), 0)
+        path = group[0]
         try:
-            for data in _batches(path, columns, delimiter, csv_types):
+            for path, data in _group_batches(group, columns, delimiter, csv_types):
                 if data.num_rows:
-                    yield Batch(path, offset, data)
-                    offset += data.num_rows
+                    yield Batch(path, offsets[str(path)], data)
+                    offsets[str(path)] += data.num_rows
         except (OSError, pa.ArrowException) as error:
-            raise DataError(path, f"cannot read after row {offset}: {error}") from None
+            raise DataError(path, f"cannot read after row {offsets[str(path)]}: {error}") from None
+
+
+def _groups(files: list[Path], columns: list[str]) -> Iterator[list[Path]]:
+    """Runs of consecutive parquet files whose columns have the same types (scanned as one
+    data set, so arrow reads ahead across files); every other file on its own."""
+    run: list[Path] = []
+    kinds: object = None
+    for path in files:
+        if file_format(path) == "parquet":
+            try:
+                schema = pq.read_schema(path)
+            except (OSError, pa.ArrowException) as error:
+                raise DataError(path, f"cannot read: {error}") from None
+            _missing(path, list(schema.names), columns)
+            these = [schema.field(c).type for c in columns]
+            if run and these == kinds:
+                run.append(path)
+                continue
+            if run:
+                yield run
+            run, kinds = [path], these
+            continue
+        if run:
+            yield run
+        run, kinds = [], None
+        yield [path]
+    if run:
+        yield run
+
+
+def _group_batches(
+    group: list[Path], columns: list[str], delimiter: str, types: Mapping[str, pa.DataType]
+) -> Iterator[tuple[Path, pa.RecordBatch]]:
+    if file_format(group[0]) != "parquet":
+        for data in _batches(group[0], columns, delimiter, types):
+            yield group[0], data
+        return
+    # text columns as dictionaries: parquet stores them so, and ids map per distinct value
+    schema = pq.read_schema(group[0])
+    text = [c for c in columns if pa.types.is_string(schema.field(c).type)]
+    options = ds.ParquetReadOptions(dictionary_columns=text)
+    fmt = ds.ParquetFileFormat(read_options=options)
+    dataset = ds.dataset([str(p) for p in group], format=fmt)
+    scanner = dataset.scanner(columns=columns, batch_size=BATCH_ROWS)
+    for tagged in scanner.scan_batches():  # in file order, rows in file order
+        yield Path(tagged.fragment.path), tagged.record_batch
 
 
 _DONE = object()
