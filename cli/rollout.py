@@ -31,18 +31,23 @@ OPERATOR_WAIT_S = 60.0
 OPERATOR_POLL_S = 0.2
 
 
-def _controller(args: argparse.Namespace, plan: RolloutPlan | None = None) -> RolloutController:
-    from control.registry import make_registry
-    from control.rollout.state import make_rollout_log
-    from services.serving.gateway import make_store
+def _settings(args: argparse.Namespace) -> Any:
     from services.settings import Settings
-    from services.state.desired_state import make_desired_state_store
 
     overrides: dict[str, Any] = {}
     if getattr(args, "artifacts", None) is not None:
         overrides["artifacts"] = args.artifacts
     settings = Settings(**overrides)
-    settings = settings.model_copy(update={"streams_dir": settings.embedded_streams()})
+    return settings.model_copy(update={"streams_dir": settings.embedded_streams()})
+
+
+def _controller(args: argparse.Namespace, plan: RolloutPlan | None = None) -> RolloutController:
+    from control.registry import make_registry
+    from control.rollout.state import make_rollout_log
+    from services.serving.gateway import make_store
+    from services.state.desired_state import make_desired_state_store
+
+    settings = _settings(args)
     url, namespace = settings.redis.url, settings.redis.namespace
     return RolloutController(
         settings.artifacts,
@@ -135,6 +140,18 @@ def add_rollout_parser(commands: Any) -> None:
     )
     parser.add_argument("--once", action="store_true", help="start or resume, look once, exit")
     parser.add_argument(
+        "--plan",
+        action="store_true",
+        help="only forecast each step's time to a decision from the last 10 minutes of "
+        "traffic and exit: 0 within --step-deadline-s, 1 not (or no traffic to plan from)",
+    )
+    parser.add_argument(
+        "--refuse-late",
+        action="store_true",
+        help="refuse to start when the forecast says a step would outlast --step-deadline-s "
+        "(by default a warning)",
+    )
+    parser.add_argument(
         "--metrics-port",
         type=opt.port_or_off,
         default=0,
@@ -213,6 +230,13 @@ def run_rollout(args: argparse.Namespace) -> int:
         print("rollout: no candidate to roll out (nothing to do)", flush=True)
         return 0
     version = _target_version(controller, args.target)
+    within = _forecast(args, controller.plan)
+    if args.plan:
+        return 0 if within else 1
+    if within is False and args.refuse_late:
+        raise RolloutRefused(
+            "the forecast says a step would end inconclusive at its deadline (--refuse-late)"
+        )
     if args.metrics_port:
         from prometheus_client import start_http_server
 
@@ -240,6 +264,36 @@ def run_rollout(args: argparse.Namespace) -> int:
     if args.once or record.status == "running":
         return 0
     return 0 if record.status == "promoted" else 1
+
+
+def _forecast(args: argparse.Namespace, plan: RolloutPlan) -> bool | None:
+    """Print the plan's forecast from the recent traffic (control.rollout.planner); whether
+    every step decides within its deadline (None: no recent traffic to tell)."""
+    from control.rollout.planner import WINDOW_S, forecast, measure_traffic
+    from services.serving.gateway import make_store
+
+    async def measure() -> Any:
+        store = make_store(_settings(args))
+        await store.start()
+        try:
+            return await measure_traffic(store, time.time(), WINDOW_S)
+        finally:
+            await store.close()
+
+    traffic = asyncio.run(measure())
+    if traffic.answers_per_s <= 0:
+        print(
+            f"plan: no traffic logged in the last {WINDOW_S:.0f} s to forecast from: the "
+            "rollout's time to a decision is unknown",
+            flush=True,
+        )
+        return None
+    outlook = forecast(traffic, plan)
+    for line in outlook.lines(plan.step_deadline_s):
+        print(line, flush=True)
+    if not outlook.within_deadline:
+        print("plan: WARNING: this rollout cannot decide within its deadline", flush=True)
+    return outlook.within_deadline
 
 
 async def _drive(controller: RolloutController, lock: Any, max_looks: int | None) -> RolloutRecord:

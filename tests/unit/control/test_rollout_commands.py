@@ -114,3 +114,43 @@ def test_a_metrics_port_that_cannot_listen_is_refused_naming_the_options(
     assert code == 0  # port 0: no metrics server, the address is not used
     code, _, err = _run(capsys, *argv, "--metrics-address", "no-such-host.invalid")
     assert code == 3 and "cannot listen on no-such-host.invalid" in err
+
+
+def test_plan_forecasts_from_the_logged_traffic_and_refuse_late_refuses(
+    artifacts: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import asyncio
+    import time
+
+    import numpy as np
+
+    from services.serving.gateway import make_store
+    from services.settings import Settings
+    from tests.unit.control.test_rollout import _traffic
+
+    root = str(artifacts)
+    code, out, _ = _run(capsys, "rollout", "2", "--artifacts", root, "--plan")
+    assert code == 1 and "no traffic logged in the last 600 s" in out
+
+    async def log_traffic() -> None:  # two bursts 0.2 s apart through the embedded store
+        settings = Settings(artifacts=artifacts)
+        store = make_store(settings.model_copy(update={"streams_dir": settings.embedded_streams()}))
+        await store.start()
+        rng = np.random.default_rng(0)
+        for _ in range(2):
+            await _traffic(store, rng, 0.0, {1: 0.05, 2: 0.05}, answers=200)  # type: ignore[arg-type]
+            time.sleep(0.2)
+        await store.close()
+
+    asyncio.run(log_traffic())
+    code, out, _ = _run(capsys, "rollout", "2", "--artifacts", root, "--plan")
+    assert code == 0, out  # hundreds of answers a second: every step decides in time
+    assert "plan: recent traffic" in out and "plan: step 0 at 5%" in out
+    assert "an equivalent candidate decides in about" in out
+    slow = ("--margin", "0.001", "--step-deadline-s", "300")
+    code, out, _ = _run(capsys, "rollout", "2", "--artifacts", root, "--plan", *slow)
+    assert code == 1 and "LONGER than the 300 s deadline" in out
+    assert "WARNING: this rollout cannot decide within its deadline" in out
+    code, out, err = _run(capsys, "rollout", "2", "--artifacts", root, "--refuse-late", *slow)
+    assert code == 3 and "would end inconclusive at its deadline" in out + err
+    assert FileRegistry(artifacts / "registry.json").get(2).state == VersionState.CANDIDATE  # type: ignore[union-attr]

@@ -1,0 +1,213 @@
+"""How long a rollout will take to decide at the traffic there is, before it starts.
+
+``measure_traffic`` reads the recent impression and feedback streams the way the rollout's
+analysis does (answers, items shown, clicks the gateway vouched for, per user cluster) and
+gives the answer rate, items per answer, the baseline CTR and its design effect (the
+clustered variance of the CTR over the binomial one). ``forecast`` walks the plan's steps
+with that traffic: the arms' counts accumulate over the rollout, as the controller's do, and
+a step ends once the CTR test's confidence sequence clears its bound (the margin, for an
+equivalent candidate), both arms have ``min_impressions`` and ``min_requests``, and
+``min_step_s`` has passed. The time the confidence sequence clears it is computed as if
+the estimate sat at the assumed difference: about the median time a rollout takes (half
+decide earlier, half later). A step that needs longer than ``step_deadline_s`` would end
+``inconclusive``: the forecast says so, with the deadline that would do.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from control.rollout.controller import RolloutPlan
+from control.rollout.sequential import variance_to_decide
+from control.rollout.state import ArmCounts
+from services.events.attribution import SERVED
+from services.stores.base import OnlineStore
+
+READ_BATCH = 10_000
+WINDOW_S = 600.0  # the recent traffic the plan is made from
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """The recent traffic a rollout would judge."""
+
+    answers_per_s: float
+    items_per_answer: float
+    ctr: float
+    design_effect: float = 1.0
+    """The CTR's variance between user clusters over the binomial one (at least 1)."""
+    answers: int = 0
+    clicks: int = 0
+    window_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class StepForecast:
+    weight: float
+    seconds: float  # from the step's start to its decision
+    kpi_s: float  # the CTR test alone
+    counts_s: float  # min_impressions and min_requests alone
+    within_deadline: bool
+
+
+@dataclass(frozen=True)
+class Forecast:
+    traffic: Traffic
+    effect: float
+    """The relative CTR difference assumed (0: an equivalent candidate, must pass)."""
+    steps: list[StepForecast] = field(default_factory=list)
+    decidable: bool = True
+    """False when no amount of traffic decides at ``effect`` (it sits on the margin)."""
+
+    @property
+    def total_s(self) -> float:
+        return sum(step.seconds for step in self.steps)
+
+    @property
+    def within_deadline(self) -> bool:
+        return self.decidable and all(step.within_deadline for step in self.steps)
+
+    def lines(self, deadline_s: float) -> list[str]:
+        """The forecast in words, one line per step, then the verdict."""
+        t = self.traffic
+        out = [
+            f"plan: recent traffic {t.answers_per_s:.3g} answers/s, {t.items_per_answer:.3g} "
+            f"items each, CTR {t.ctr:.4g} ({t.clicks} vouched clicks on {t.answers} answers "
+            f"in {t.window_s:.0f} s), design effect {t.design_effect:.2f}"
+        ]
+        if not self.decidable:
+            return [*out, "plan: no amount of traffic decides at this difference"]
+        for number, step in enumerate(self.steps):
+            late = "" if step.within_deadline else f"  LONGER than the {deadline_s:.0f} s deadline"
+            out.append(
+                f"plan: step {number} at {step.weight:.0%}: about {step.seconds:.0f} s (CTR test "
+                f"{step.kpi_s:.0f} s, minimum samples {step.counts_s:.0f} s){late}"
+            )
+        verdict = (
+            f"plan: an equivalent candidate decides in about {self.total_s:.0f} s in all"
+            if self.effect == 0
+            else f"plan: at a {self.effect:+.0%} difference, about {self.total_s:.0f} s in all"
+        )
+        if not self.within_deadline:
+            longest = max(step.seconds for step in self.steps)
+            verdict += (
+                f"; a step would end inconclusive at its {deadline_s:.0f} s deadline "
+                f"(--step-deadline-s {math.ceil(longest)} or more, larger --steps or a "
+                "wider --margin would decide)"
+            )
+        return [*out, verdict]
+
+
+def forecast(traffic: Traffic, plan: RolloutPlan, effect: float = 0.0) -> Forecast:
+    """Each step's time to its decision at ``traffic``, for a candidate whose CTR is
+    ``effect`` (relative) away from production's: 0 must pass at the margin, an effect below
+    ``-margin`` must fail."""
+    config = plan.analysis
+    p = min(max(traffic.ctr, 1e-6), 1 - 1e-6)
+    unit = p * (1 - p) * max(traffic.design_effect, 1.0)  # one impression's CTR variance
+    tau = config.mixture_tau * p
+    margin = -config.non_inferiority_margin * p
+    difference = effect * p
+    # the bound the estimate must clear: the margin (pass), else 0 (fail), whichever is nearer
+    distances = [d for d in (difference - margin, -difference) if d > 0]
+    if not distances or traffic.answers_per_s <= 0 or traffic.items_per_answer <= 0:
+        return Forecast(traffic, effect, decidable=False)
+    allowed = variance_to_decide(max(distances), tau, config.alpha)
+    fails = difference < 0 and -difference > difference - margin  # fail is reached first
+    rate = traffic.answers_per_s
+    items = traffic.items_per_answer
+    answers = [0.0, 0.0]  # control, canary: cumulative over the rollout, as the controller's
+    steps = []
+    for weight in plan.weights:
+        shares = (rate * (1 - weight), rate * weight)
+
+        def variance_after(
+            seconds: float, shares: tuple[float, float] = shares, before: list = answers
+        ) -> float:
+            n = [(before[i] + shares[i] * seconds) * items for i in (0, 1)]
+            return math.inf if min(n) <= 0 else unit * (1 / n[0] + 1 / n[1])
+
+        kpi_s = _first_time(lambda s: variance_after(s) <= allowed)
+        # a pass waits for the guardrails' min_requests too; a KPI fail does not
+        least = config.min_impressions / items
+        if not fails:
+            least = max(least, config.min_requests)
+        counts_s = max(0.0, max((least - answers[i]) / shares[i] for i in (0, 1)))
+        # a decision comes at a look, and a pass moves on only after min_step_s
+        seconds = max(kpi_s, counts_s)
+        if not fails:
+            seconds = max(seconds, plan.min_step_s)
+        seconds = math.ceil(seconds / plan.interval_s) * plan.interval_s
+        steps.append(
+            StepForecast(weight, seconds, kpi_s, counts_s, seconds <= plan.step_deadline_s)
+        )
+        answers = [answers[i] + shares[i] * seconds for i in (0, 1)]
+        if fails:  # a failing candidate is rolled back in this step
+            break
+    return Forecast(traffic, effect, steps)
+
+
+def _first_time(check: Callable[[float], bool], horizon_s: float = 1e9) -> float:
+    """The least time in [0, horizon_s] at which ``check(t)`` holds (monotone; bisection)."""
+    if check(0.0):
+        return 0.0
+    low, high = 0.0, 1.0
+    while not check(high):
+        if high > horizon_s:
+            return math.inf
+        low, high = high, high * 2
+    for _ in range(60):
+        middle = 0.5 * (low + high)
+        low, high = (low, middle) if check(middle) else (middle, high)
+    return high
+
+
+async def measure_traffic(store: OnlineStore, now: float, window_s: float = WINDOW_S) -> Traffic:
+    """Answers, items shown and vouched clicks logged in the last ``window_s`` seconds, all
+    versions together (the rollout's production carries them before it starts)."""
+    arm = ArmCounts()
+    cursor = f"{int((now - window_s) * 1000)}-0"  # stream ids are millisecond timestamps
+    first = last = None
+    while True:
+        entries = await store.read_stream("impressions", cursor, READ_BATCH)
+        for stream_id, fields in entries:
+            cursor = stream_id
+            stamp = int(stream_id.split("-")[0]) / 1000.0
+            first = stamp if first is None else first
+            last = stamp
+            arm.add_request(fields.get("user_id", ""), len(fields.get("items", "").split()))
+        if len(entries) < READ_BATCH:
+            break
+    cursor = f"{int((now - window_s) * 1000)}-0"
+    while True:
+        entries = await store.read_stream("feedback", cursor, READ_BATCH)
+        for stream_id, fields in entries:
+            cursor = stream_id
+            if fields.get("type") == "click" and fields.get("trust") == SERVED:
+                arm.add_click(fields.get("user_id", ""), hit=fields.get("hit") == "1")
+        if len(entries) < READ_BATCH:
+            break
+    return traffic_of(arm, (last - first) if first is not None and last is not None else 0.0)
+
+
+def traffic_of(arm: ArmCounts, span_s: float) -> Traffic:
+    """The traffic of ``arm``'s counts, gathered over ``span_s`` seconds."""
+    if arm.requests < 2 or span_s <= 0:
+        return Traffic(0.0, 0.0, 0.0, answers=arm.requests, clicks=arm.clicks, window_s=span_s)
+    stats = arm.stats()
+    ctr = arm.clicks / arm.impressions if arm.impressions else 0.0
+    binomial = ctr * (1 - ctr) / arm.impressions if arm.impressions else 0.0
+    effect = 1.0
+    if stats.ctr_variance is not None and binomial > 0:
+        effect = max(1.0, stats.ctr_variance / binomial)
+    return Traffic(
+        answers_per_s=(arm.requests - 1) / span_s,
+        items_per_answer=arm.impressions / arm.requests,
+        ctr=ctr,
+        design_effect=effect,
+        answers=arm.requests,
+        clicks=arm.clicks,
+        window_s=span_s,
+    )
