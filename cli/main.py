@@ -18,7 +18,18 @@ from core.exit_codes import EPILOG, fail
 def _commands() -> dict[str, tuple[Callable[[Any], None], Callable[[argparse.Namespace], int]]]:
     """Every subcommand: name -> (add its parser, run it). Each command module imports what
     it runs lazily, so `cascade --help` stays fast."""
-    from cli import catalog, materialize, registry, report, retrain, rollout, serve, simulate, train
+    from cli import (
+        catalog,
+        materialize,
+        recommend,
+        registry,
+        report,
+        retrain,
+        rollout,
+        serve,
+        simulate,
+        train,
+    )
 
     return {
         "train": (train.add_parser, train.run),
@@ -33,6 +44,7 @@ def _commands() -> dict[str, tuple[Callable[[Any], None], Callable[[argparse.Nam
         "promote": (rollout.add_promote_parser, rollout.run_promote),
         "report": (report.add_parser, report.run),
         "catalog": (catalog.add_parser, catalog.run),
+        "recommend": (recommend.add_parser, recommend.run),
     }
 
 

@@ -265,11 +265,13 @@ class Gateway:
         context: dict,
         exclude: Sequence[ExternalId],
         model_version: int | None,
+        at: int | None = None,
     ) -> tuple[RequestContext, Release]:
         """Recommend ``k`` items for ``user_id``; ids are the data set's own. The context
         works in the release's internal ids; ``external_item_ids`` is the answer as the data
         set names it. A user the release does not know is served as a cold start; excluded
-        items it does not know are ignored (counted)."""
+        items it does not know are ignored (counted). ``at``: the request's unix time (a
+        batch for a campaign sent later; default now)."""
         if self.recommender is None or self.router is None:
             raise NotReady("no release is loaded")
         version, split = self.router.assign(user_id, model_version)
@@ -281,7 +283,7 @@ class Gateway:
         ctx = RequestContext(
             user_id=release.ids.users.one(user_id),
             k=k,
-            timestamp=int(time.time()),
+            timestamp=int(time.time()) if at is None else at,
             model_version=version,
             split=split,
             context=dict(context),

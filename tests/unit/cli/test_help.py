@@ -20,7 +20,10 @@ def _options(command: argparse.ArgumentParser) -> list[argparse.Action]:
     return [
         action
         for action in command._actions
-        if action.option_strings and action.nargs != 0 and action.help != argparse.SUPPRESS
+        if action.option_strings
+        and action.nargs != 0
+        and action.help != argparse.SUPPRESS
+        and not action.required  # a required option has no default to show
     ]
 
 
