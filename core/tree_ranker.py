@@ -55,8 +55,10 @@ class TreeRanker:
         seed: int = 0,
         rounds: int = 400,
         threads: int = 2,
+        weight: np.ndarray | None = None,
     ) -> dict[str, list[float]]:
-        """Train with early stopping on the validation logloss; return the per-round curves."""
+        """Train with early stopping on the validation logloss (``weight``: per training row,
+        default 1); return the per-round curves."""
         params = {
             "objective": "binary",
             "learning_rate": 0.05,
@@ -72,7 +74,9 @@ class TreeRanker:
             "metric": "binary_logloss",
             "deterministic": True,
         }
-        train = lgb.Dataset(train_x, train_y, categorical_feature=categorical, free_raw_data=False)
+        train = lgb.Dataset(
+            train_x, train_y, weight=weight, categorical_feature=categorical, free_raw_data=False
+        )
         valid = lgb.Dataset(valid_x, valid_y, reference=train, categorical_feature=categorical)
         curves: dict[str, dict[str, list[float]]] = {}
         self.booster = lgb.train(

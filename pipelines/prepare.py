@@ -22,7 +22,7 @@ from core.errors import DataError
 from core.features.ops import Columns
 from core.features.rows import AttributeTable, labelled_rows
 from core.features.schema import FeatureSchema
-from core.features.spec import DENSE, LABEL, build_workflow
+from core.features.spec import DENSE, LABEL, WEIGHT, build_workflow
 from core.features.workflow import Workflow
 from core.ids import ITEM_ID_MAP, USER_ID_MAP
 from pipelines.data.schema import RawDataset
@@ -196,6 +196,8 @@ def prepare(
 
     workflow = build_workflow(schema, seed=seed)
     ranking_columns = ranking_parquet_columns(schema)
+    if WEIGHT in rows and not np.all(rows[WEIGHT] == 1.0):  # weighted events: kept per row
+        ranking_columns = (*ranking_columns, WEIGHT)
     encoded = {
         "train": workflow.fit_transform(_take(rows, split.train)),
         "valid": workflow.transform(_take(rows, split.valid)),

@@ -236,6 +236,10 @@ def combine(
         [base.interactions[list(INTERACTION_COLUMNS)], kept[list(INTERACTION_COLUMNS)]],
         ignore_index=True,
     )
+    if "weight" in base.interactions:  # the base's event weights; a logged row weighs 1
+        interactions["weight"] = np.r_[
+            base.interactions["weight"].to_numpy(np.float32), np.ones(len(kept), np.float32)
+        ]
     logged_sources = kept["source"] if "source" in kept else pd.Series("", index=kept.index)
     sources = np.r_[
         np.full(len(base.interactions), BASE_SOURCE, dtype=object),

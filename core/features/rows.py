@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from core.features.ops import Columns
-from core.features.spec import LIKED_RATING
+from core.features.spec import LIKED_RATING, WEIGHT
 
 
 class AttributeTable:
@@ -60,7 +60,8 @@ def join_rows(
 def labelled_rows(
     interactions: pd.DataFrame, users: AttributeTable, items: AttributeTable
 ) -> Columns:
-    """Offline rows with ``rating`` and the ranking ``label`` (rating >= 4)."""
+    """Offline rows with ``rating``, the ranking ``label`` (rating >= 4) and, when the
+    interactions carry them, their ``weight``."""
     columns = join_rows(
         users,
         items,
@@ -71,4 +72,6 @@ def labelled_rows(
     rating = interactions["rating"].to_numpy(dtype=np.float32)
     columns["rating"] = rating
     columns["label"] = (rating >= LIKED_RATING).astype(np.float32)
+    if WEIGHT in interactions:  # a dataset file's event weights (purchase 3, click 1, ...)
+        columns[WEIGHT] = interactions[WEIGHT].to_numpy(dtype=np.float32)
     return columns

@@ -24,6 +24,7 @@ from core.features.workflow import Workflow
 
 LABEL = "label"
 LIKED_RATING = 4.0  # ranking: label = rating >= 4, rows with rating == 3 dropped
+WEIGHT = "weight"  # a row's weight in the ranking models' losses (1 when absent)
 DENSE = "dense"  # standardised [rows, len(schema.dense_inputs)]
 
 

@@ -9,11 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow.parquet as pq
 import torch
 import torch.nn.functional as F
 
 from core.features.schema import FeatureSchema
-from core.features.spec import DENSE, LABEL, cardinality
+from core.features.spec import DENSE, LABEL, WEIGHT, cardinality
 from core.features.workflow import Workflow
 from core.tree_ranker import TreeRanker, categorical_positions, tree_categorical, tree_features
 from pipelines.config import TrainConfig
@@ -44,18 +45,29 @@ def ranking_groups(schema: FeatureSchema) -> dict[str, list[str]]:
     }
 
 
+def weighted(path: Path) -> bool:
+    """Whether a ranking split carries row weights (a dataset file's event weights)."""
+    return WEIGHT in pq.ParquetFile(path).schema_arrow.names
+
+
 def ranking_inputs(path: Path, schema: FeatureSchema) -> dict[str, np.ndarray]:
-    """A whole split as ``sparse [n, T]`` int64, ``dense [n, D]`` float32, ``label [n]``."""
+    """A whole split as ``sparse [n, T]`` int64, ``dense [n, D]`` float32, ``label [n]``
+    and, when it has them, ``weight [n]``."""
+    groups = ranking_groups(schema)
+    if weighted(path):
+        groups[WEIGHT] = [WEIGHT]
     names = {
-        out: [c for g in groups for c in column_names(path, g)]
-        for out, groups in ranking_groups(schema).items()
+        out: [c for g in group for c in column_names(path, g)] for out, group in groups.items()
     }
     columns = read_columns(path, [c for group in names.values() for c in group])
-    return {
+    inputs: dict[str, np.ndarray] = {
         "sparse": np.stack([columns[c] for c in names["sparse"]], axis=1).astype(np.int64),
         "dense": np.stack([columns[c] for c in names["dense"]], axis=1).astype(np.float32),
         "label": columns[LABEL].astype(np.float32),
     }
+    if WEIGHT in columns:
+        inputs[WEIGHT] = columns[WEIGHT].astype(np.float32)
+    return inputs
 
 
 @torch.no_grad()
@@ -84,9 +96,13 @@ def train_dlrm(
     """Train with early stopping on validation AUC (keep-best); returns the curve and the
     kept epoch's validation logits (computed when it was validated, not a second time: at
     1M items a pass over the validation rows takes seconds)."""
+    train_path = workdir / "ranking_train.parquet"
+    groups = ranking_groups(schema)
+    if weighted(train_path):
+        groups[WEIGHT] = [WEIGHT]
     loader = ParquetBatchLoader(
-        [workdir / "ranking_train.parquet"],
-        ranking_groups(schema),
+        [train_path],
+        groups,
         config.dlrm_batch,
         dtypes={"sparse": torch.int64},
         seed=config.seed,
@@ -95,7 +111,10 @@ def train_dlrm(
     def loss(batch: dict[str, torch.Tensor]) -> torch.Tensor:
         model.train()
         logits = model(batch["sparse"], batch["dense"].contiguous())
-        return F.binary_cross_entropy_with_logits(logits.float(), batch["label"][:, 0])
+        weight = batch[WEIGHT][:, 0] if WEIGHT in batch else None
+        return F.binary_cross_entropy_with_logits(
+            logits.float(), batch["label"][:, 0], weight=weight
+        )
 
     validated: dict[int, np.ndarray] = {}  # epoch -> its validation logits
 
@@ -166,6 +185,7 @@ def run_ranking(
         valid_x,
         valid["label"],
         categorical,
+        weight=train.get(WEIGHT),
         seed=config.seed,
         rounds=config.gbm_rounds,
         threads=config.threads,
