@@ -139,7 +139,9 @@ def main() -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--sizes", default="10000000,50000000,200000000", help="rows per size")
-    parser.add_argument("--workdir", type=Path, default=Path("/tmp/cascade-ingest"))
+    parser.add_argument(
+        "--workdir", type=Path, default=Path("/tmp/cascade-ingest"), help="data kept, reused"
+    )
     parser.add_argument("--keep-output", action="store_true", help="keep what ingest wrote")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()

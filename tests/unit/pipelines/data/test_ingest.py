@@ -10,7 +10,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import pytest
 
@@ -370,4 +369,3 @@ def test_output_layout(tmp_path: Path) -> None:
         "users.parquet",
     ]
     assert [p.name for p in (out / "interactions").iterdir()] == ["part-00000.parquet"]
-    assert pcsv is not None
