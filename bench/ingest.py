@@ -143,6 +143,11 @@ def main() -> None:
         "--workdir", type=Path, default=Path("/tmp/cascade-ingest"), help="data kept, reused"
     )
     parser.add_argument("--keep-output", action="store_true", help="keep what ingest wrote")
+    parser.add_argument(
+        "--parity-seeds",
+        default="0",
+        help="seeds of the MovieLens parity check (bench/ingest_parity.py; empty: skip it)",
+    )
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -194,14 +199,20 @@ def main() -> None:
                 "engine_peak_rss_gb": read["peak_rss_gb"],
             }
         )
-    record = {"sizes": results, "parity": parity()}
+    record = {"sizes": results, "parity": parity(args.workdir / "parity", args.parity_seeds)}
     publish("ingest", record)
 
 
-def parity() -> dict[str, Any] | None:
-    """Native MovieLens against ``--data`` MovieLens metrics: filled in by the pipeline's
-    owner; None until then."""
-    return None
+def parity(workdir: Path, seeds: str) -> list[dict[str, Any]] | None:
+    """MovieLens natively and written as foreign-format CSV with string ids through
+    ``--data``, same seeds: both paths' test NDCG@10 and AUC (bench/ingest_parity.py)."""
+    from ingest_parity import parity as train_both
+
+    chosen = [int(s) for s in seeds.split(",") if s.strip()]
+    results = [train_both(workdir / f"seed-{seed}", seed=seed) for seed in chosen]
+    for result in results:
+        print(f"parity: {json.dumps(result, sort_keys=True)}", flush=True)
+    return results or None
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -53,7 +54,7 @@ def add_parser(commands: Any) -> None:
         help="the answers' request time, for a campaign sent later (default: now)",
     )
     parser.add_argument(
-        "--concurrency", type=opt.positive_int, default=8, help="users answered at once"
+        "--concurrency", type=opt.positive_int, default=4, help="users answered at once"
     )
 
 
@@ -67,13 +68,17 @@ def run(args: argparse.Namespace) -> int:
     if args.output.exists() and args.output.is_dir():
         raise UsageError(f"--output {args.output}: is a directory (give a .parquet file)")
     overrides = {} if args.version is None else {"model_version": args.version}
-    settings = opt.settings(args, **overrides)
-    written = asyncio.run(_answer(args, files, settings))
+    from services.serving.batch import batch_settings
+
+    settings = batch_settings(opt.settings(args, **overrides))
+    written, degraded = asyncio.run(_answer(args, files, settings))
     print(f"recommend: {written} users answered -> {args.output}", flush=True)
+    if degraded:  # a dependency failed: those answers are the fallback (column `degraded`)
+        print(f"recommend: warning: {degraded} answers degraded", file=sys.stderr, flush=True)
     return 0
 
 
-async def _answer(args: argparse.Namespace, files: list[Path], settings: Any) -> int:
+async def _answer(args: argparse.Namespace, files: list[Path], settings: Any) -> tuple[int, int]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -113,7 +118,7 @@ async def _answer(args: argparse.Namespace, files: list[Path], settings: Any) ->
                 yield from values
 
         args.output.parent.mkdir(parents=True, exist_ok=True)
-        done, started, shown = 0, time.monotonic(), time.monotonic()
+        done, degraded, started, shown = 0, 0, time.monotonic(), time.monotonic()
         with pq.ParquetWriter(temporary, schema) as writer:
             async for answers in answer_all(
                 gateway, users(), args.k, at=args.at, concurrency=args.concurrency
@@ -129,12 +134,13 @@ async def _answer(args: argparse.Namespace, files: list[Path], settings: Any) ->
                     rows["degraded"] += [answer.degraded] * n
                 writer.write_table(pa.table(rows, schema=schema))
                 done += len(answers)
+                degraded += sum(answer.degraded for answer in answers)
                 if time.monotonic() - shown >= PROGRESS_EVERY_S:
                     rate = done / (time.monotonic() - started)
                     print(f"recommend: {done} users answered ({rate:.0f}/s)", flush=True)
                     shown = time.monotonic()
         temporary.replace(args.output)  # the output appears whole, or not at all
-        return done
+        return done, degraded
     finally:
         temporary.unlink(missing_ok=True)
         await gateway.close()

@@ -64,6 +64,7 @@ def test_batch_answers_equal_the_gateways_integer_ids(
     )
     assert str(batch["user_id"].dtype) == "int64" and str(batch["item_id"].dtype) == "int64"
     assert set(batch["model_version"]) == {1} and len(batch) == len(users) * K
+    assert not batch["degraded"].any()
     _same(batch, asyncio.run(_gateway_answers(exported, users, monkeypatch)))
 
 
