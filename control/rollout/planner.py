@@ -11,13 +11,22 @@ equivalent candidate), both arms have ``min_impressions`` and ``min_requests``, 
 the estimate sat at the assumed difference: about the median time a rollout takes (half
 decide earlier, half later). A step that needs longer than ``step_deadline_s`` would end
 ``inconclusive``: the forecast says so, with the deadline that would do.
+
+With a fixed population of users (MovieLens' 943), the users each arm draws differ in their
+own click rates by chance, and that difference does not shrink with time: the spread of
+users' rates (``user_spread``) over the effective number of users in each arm is a floor
+under the test's variance. A step whose floor keeps the confidence sequence wider than its
+bound is reported as never deciding reliably.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from control.rollout.controller import RolloutPlan
 from control.rollout.sequential import variance_to_decide
@@ -38,6 +47,12 @@ class Traffic:
     ctr: float
     design_effect: float = 1.0
     """The CTR's variance between user clusters over the binomial one (at least 1)."""
+    user_variance: float = 0.0
+    """The variance of users' own click rates (beyond the binomial noise of their counts):
+    with a fixed population, the arms' users differ by chance, a floor on the CTR test's
+    variance that more time never lowers (0: unknown, the design effect is used instead)."""
+    effective_users: float = math.inf
+    """(sum of users' answers)^2 / sum of squares: how many equally active users they count as."""
     answers: int = 0
     clicks: int = 0
     window_s: float = 0.0
@@ -80,6 +95,13 @@ class Forecast:
         if not self.decidable:
             return [*out, "plan: no amount of traffic decides at this difference"]
         for number, step in enumerate(self.steps):
+            if math.isinf(step.seconds):
+                out.append(
+                    f"plan: step {number} at {step.weight:.0%}: NEVER reliably: the users "
+                    "each arm draws differ by chance more than the margin allows, however long "
+                    "it runs (it decides only when the draw happens to favour one side)"
+                )
+                continue
             late = "" if step.within_deadline else f"  LONGER than the {deadline_s:.0f} s deadline"
             out.append(
                 f"plan: step {number} at {step.weight:.0%}: about {step.seconds:.0f} s (CTR test "
@@ -90,8 +112,13 @@ class Forecast:
             if self.effect == 0
             else f"plan: at a {self.effect:+.0%} difference, about {self.total_s:.0f} s in all"
         )
-        if not self.within_deadline:
-            longest = max(step.seconds for step in self.steps)
+        longest = max(step.seconds for step in self.steps)
+        if math.isinf(longest):
+            verdict = (
+                "plan: a step cannot decide at this user population: larger --steps, a wider "
+                "--margin, or more users"
+            )
+        elif not self.within_deadline:
             verdict += (
                 f"; a step would end inconclusive at its {deadline_s:.0f} s deadline "
                 f"(--step-deadline-s {math.ceil(longest)} or more, larger --steps or a "
@@ -106,7 +133,10 @@ def forecast(traffic: Traffic, plan: RolloutPlan, effect: float = 0.0) -> Foreca
     ``-margin`` must fail."""
     config = plan.analysis
     p = min(max(traffic.ctr, 1e-6), 1 - 1e-6)
-    unit = p * (1 - p) * max(traffic.design_effect, 1.0)  # one impression's CTR variance
+    per_user = traffic.user_variance > 0 and math.isfinite(traffic.effective_users)
+    # one impression's CTR variance: binomial, with the users' spread apart (per_user) or
+    # folded into the design effect
+    unit = p * (1 - p) * (1.0 if per_user else max(traffic.design_effect, 1.0))
     tau = config.mixture_tau * p
     margin = -config.non_inferiority_margin * p
     difference = effect * p
@@ -122,12 +152,19 @@ def forecast(traffic: Traffic, plan: RolloutPlan, effect: float = 0.0) -> Foreca
     steps = []
     for weight in plan.weights:
         shares = (rate * (1 - weight), rate * weight)
+        floor = 0.0  # the arms' users differ by chance: what no amount of time removes
+        if per_user:
+            users = traffic.effective_users
+            floor = traffic.user_variance * (1 / (weight * users) + 1 / ((1 - weight) * users))
 
         def variance_after(
-            seconds: float, shares: tuple[float, float] = shares, before: list = answers
+            seconds: float,
+            shares: tuple[float, float] = shares,
+            before: list = answers,
+            floor: float = floor,
         ) -> float:
             n = [(before[i] + shares[i] * seconds) * items for i in (0, 1)]
-            return math.inf if min(n) <= 0 else unit * (1 / n[0] + 1 / n[1])
+            return math.inf if min(n) <= 0 else floor + unit * (1 / n[0] + 1 / n[1])
 
         kpi_s = _first_time(lambda s: variance_after(s) <= allowed)
         # a pass waits for the guardrails' min_requests too; a KPI fail does not
@@ -139,7 +176,8 @@ def forecast(traffic: Traffic, plan: RolloutPlan, effect: float = 0.0) -> Foreca
         seconds = max(kpi_s, counts_s)
         if not fails:
             seconds = max(seconds, plan.min_step_s)
-        seconds = math.ceil(seconds / plan.interval_s) * plan.interval_s
+        if math.isfinite(seconds):
+            seconds = math.ceil(seconds / plan.interval_s) * plan.interval_s
         steps.append(
             StepForecast(weight, seconds, kpi_s, counts_s, seconds <= plan.step_deadline_s)
         )
@@ -170,6 +208,8 @@ async def measure_traffic(store: OnlineStore, now: float, window_s: float = WIND
     arm = ArmCounts()
     cursor = f"{int((now - window_s) * 1000)}-0"  # stream ids are millisecond timestamps
     first = last = None
+    shown: Counter[str] = Counter()
+    clicked: Counter[str] = Counter()
     while True:
         entries = await store.read_stream("impressions", cursor, READ_BATCH)
         for stream_id, fields in entries:
@@ -177,7 +217,9 @@ async def measure_traffic(store: OnlineStore, now: float, window_s: float = WIND
             stamp = int(stream_id.split("-")[0]) / 1000.0
             first = stamp if first is None else first
             last = stamp
-            arm.add_request(fields.get("user_id", ""), len(fields.get("items", "").split()))
+            user, items = fields.get("user_id", ""), len(fields.get("items", "").split())
+            arm.add_request(user, items)
+            shown[user] += items
         if len(entries) < READ_BATCH:
             break
     cursor = f"{int((now - window_s) * 1000)}-0"
@@ -187,13 +229,42 @@ async def measure_traffic(store: OnlineStore, now: float, window_s: float = WIND
             cursor = stream_id
             if fields.get("type") == "click" and fields.get("trust") == SERVED:
                 arm.add_click(fields.get("user_id", ""), hit=fields.get("hit") == "1")
+                clicked[fields.get("user_id", "")] += 1
         if len(entries) < READ_BATCH:
             break
-    return traffic_of(arm, (last - first) if first is not None and last is not None else 0.0)
+    span = (last - first) if first is not None and last is not None else 0.0
+    users = list(shown)
+    return traffic_of(
+        arm,
+        span,
+        np.array([shown[u] for u in users], np.float64),
+        np.array([clicked[u] for u in users], np.float64),
+    )
 
 
-def traffic_of(arm: ArmCounts, span_s: float) -> Traffic:
-    """The traffic of ``arm``'s counts, gathered over ``span_s`` seconds."""
+def user_spread(shown: np.ndarray, clicks: np.ndarray) -> tuple[float, float]:
+    """(variance of users' own click rates, effective number of users) from each user's
+    items shown and clicks: the impression-weighted variance of their observed rates minus
+    what binomial noise alone gives (method of moments, at least 0)."""
+    used = shown > 0
+    n, x = shown[used], np.minimum(clicks[used], shown[used])
+    if len(n) < 2:
+        return 0.0, math.inf
+    total = n.sum()
+    rate = x.sum() / total
+    observed = float((n * (x / n - rate) ** 2).sum() / total)
+    noise = rate * (1 - rate) * len(n) / total  # the binomial part of that weighted variance
+    return max(0.0, observed - noise), float(total**2 / (n * n).sum())
+
+
+def traffic_of(
+    arm: ArmCounts,
+    span_s: float,
+    shown: np.ndarray | None = None,
+    clicks: np.ndarray | None = None,
+) -> Traffic:
+    """The traffic of ``arm``'s counts, gathered over ``span_s`` seconds (``shown`` and
+    ``clicks``: per user, for the spread of their click rates)."""
     if arm.requests < 2 or span_s <= 0:
         return Traffic(0.0, 0.0, 0.0, answers=arm.requests, clicks=arm.clicks, window_s=span_s)
     stats = arm.stats()
@@ -202,7 +273,12 @@ def traffic_of(arm: ArmCounts, span_s: float) -> Traffic:
     effect = 1.0
     if stats.ctr_variance is not None and binomial > 0:
         effect = max(1.0, stats.ctr_variance / binomial)
+    spread, users = 0.0, math.inf
+    if shown is not None and clicks is not None:
+        spread, users = user_spread(shown, clicks)
     return Traffic(
+        user_variance=spread,
+        effective_users=users,
         answers_per_s=(arm.requests - 1) / span_s,
         items_per_answer=arm.impressions / arm.requests,
         ctr=ctr,

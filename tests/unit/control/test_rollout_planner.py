@@ -128,3 +128,36 @@ async def test_measure_traffic_reads_answers_and_vouched_clicks_of_the_window() 
     assert traffic.window_s >= 0
     later = await measure_traffic(store, time.time() + 600, window_s=60)
     assert later.answers == 0 and later.answers_per_s == 0
+
+
+def test_user_spread_recovers_the_variance_of_users_own_click_rates() -> None:
+    from control.rollout.planner import user_spread
+
+    rng = np.random.default_rng(4)
+    rates = rng.beta(1.0, 19.0, 3000)  # variance 0.05 * 0.95 / 21
+    shown = rng.integers(50, 400, 3000).astype(float)
+    spread, users = user_spread(shown, rng.binomial(shown.astype(int), rates).astype(float))
+    assert spread == pytest.approx(0.05 * 0.95 / 21, rel=0.2)
+    assert 2000 < users < 3000
+    same, _ = user_spread(shown, rng.binomial(shown.astype(int), 0.05).astype(float))
+    assert same < 0.1 * spread  # equal users: (almost) nothing beyond binomial noise
+
+
+def test_a_small_population_bounds_what_any_amount_of_time_can_show() -> None:
+    """943 users whose own rates spread as Beta(1, 19): the arms' users differ by chance by
+    more than a 5 % margin at a 5 % step allows, however long it runs (even a 20 % margin
+    at 50 % does not); a 30 % margin at 50 % decides."""
+    spread = 0.05 * 0.95 / 21
+    crowd = Traffic(40.0, 10.0, 0.05, user_variance=spread, effective_users=600.0)
+    plan = RolloutPlan(interval_s=10, min_step_s=60)
+    outlook = forecast(crowd, plan)
+    assert outlook.steps[0].seconds == float("inf") and not outlook.within_deadline
+    lines = outlook.lines(plan.step_deadline_s)
+    assert "NEVER" in lines[1] and "cannot decide at this user population" in lines[-1]
+    wide = RolloutPlan(
+        weights=(0.5,),
+        interval_s=10,
+        min_step_s=60,
+        analysis=AnalysisConfig(non_inferiority_margin=0.3),
+    )
+    assert forecast(crowd, wide).within_deadline

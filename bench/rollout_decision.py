@@ -1,0 +1,248 @@
+"""Time to a rollout's decision at the walkthrough's traffic, against the planner's forecast.
+
+The real rollout controller (``control.rollout.controller``) drives repeated A/A and A/B
+rollouts on an in-memory store, time compressed: a fake clock advances one ``--interval-s``
+per look and the look's answers and clicks are logged as a gateway logs them (40 answers/s,
+10 items each). Users are MovieLens-100K-sized (943), each with their own click rate (a beta
+distribution around the baseline CTR, so clicks cluster by user as real ones do), assigned to
+the canary by a salted hash that keeps them as the weight grows; the candidate's click rate
+is production's times ``1 + effect`` (better +20 %, worse -20 %, equivalent and A/A 0).
+No models run: this measures the controller and its analysis, not a ranking.
+
+Reports per scenario the outcome counts, the median and 90th percentile time to decision,
+the planner's forecast from the same traffic, and the false rollback rate (A/A) or the power
+(better promoted, worse rolled back). Last line: one JSON object (also
+``bench/results/rollout_decision.json``)::
+
+    .venv/bin/python bench/rollout_decision.py --repetitions 10
+    .venv/bin/python bench/rollout_decision.py --steps 0.2,0.5 --margin 0.1 --min-step-s 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+import zlib
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from control.registry import FileRegistry
+from control.rollout.analysis import AnalysisConfig
+from control.rollout.controller import RolloutController, RolloutPlan
+from control.rollout.planner import forecast, traffic_of
+from control.rollout.state import ArmCounts, FileRolloutLog
+from services.state.desired_state import FileDesiredState
+from services.stores.memory import InMemoryStore
+from tests.unit.control.fake_exports import production_and_candidate
+
+USERS = 943  # MovieLens-100K's
+ITEMS_PER_ANSWER = 10
+SCENARIOS = {"aa": 0.0, "equivalent": 0.0, "better": 0.2, "worse": -0.2}
+RESULTS = Path(__file__).resolve().parent / "results" / "rollout_decision.json"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000.0  # far below the store's wall-clock stream ids: every event is read
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Users:
+    """Each user's click rate, and their arm under a rollout's salt."""
+
+    def __init__(self, ctr: float, concentration: float, rng: np.random.Generator) -> None:
+        self.rate = rng.beta(ctr * concentration, (1 - ctr) * concentration, USERS)
+        self.activity = rng.pareto(2.0, USERS) + 1  # a few heavy users, as in MovieLens
+        self.activity /= self.activity.sum()
+
+    def bucket(self, salt: str) -> np.ndarray:
+        hashes = [zlib.crc32(f"{salt}:{user}".encode()) for user in range(USERS)]
+        return np.array(hashes) % 10_000 / 10_000
+
+
+async def log_answers(
+    store: InMemoryStore,
+    users: Users,
+    rng: np.random.Generator,
+    answers: int,
+    canary_of: np.ndarray,
+    weight: float,
+    effect: float,
+) -> None:
+    """``answers`` answers as a gateway logs them (version 2 the canary), and their clicks."""
+    chosen = rng.choice(USERS, size=answers, p=users.activity)
+    impressions, clicks = [], []
+    for user in chosen:
+        canary = bool(canary_of[user])
+        rate = users.rate[user] * (1 + effect if canary else 1)
+        request_id = f"{rng.integers(2**62):032x}"[-32:]
+        version = "2" if canary else "1"
+        impressions.append(
+            {"request_id": request_id, "user_id": str(user), "model_version": version,
+             "split": f"2:{weight:g}", "items": " ".join(map(str, range(ITEMS_PER_ANSWER))),
+             "scores": "1 " * ITEMS_PER_ANSWER, "degraded": "0", "reasons": "",
+             "latency_ms": "5.0", "timestamp": "0"}
+        )  # fmt: skip
+        shown = rng.random(ITEMS_PER_ANSWER) < min(rate, 1.0)
+        for rank in np.flatnonzero(shown):
+            clicks.append(
+                {"user_id": str(user), "item_id": str(rank), "type": "click",
+                 "model_version": version, "request_id": request_id,
+                 "hit": "1" if rank == np.flatnonzero(shown)[0] else "0", "trust": "served"}
+            )  # fmt: skip
+    await store.append_impressions(impressions, max_len=10**8, ttl_s=10**6)
+    if clicks:
+        await store.append_feedback(clicks, max_len=10**8, idempotency_ttl_s=10**6)
+
+
+async def one_rollout(
+    plan: RolloutPlan, users: Users, effect: float, rate: float, rng: np.random.Generator
+) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as directory:
+        root = production_and_candidate(Path(directory) / "artifacts")
+        clock, store = Clock(), InMemoryStore()
+        controller = RolloutController(
+            root,
+            FileRegistry(root / "registry.json"),
+            FileDesiredState(root / "rollout" / "desired.json"),
+            FileRolloutLog(root / "rollout"),
+            store,
+            plan,
+            clock=clock,
+        )
+        record = controller.start(2)
+        salt = controller.desired.read().assignment_salt  # type: ignore[union-attr]
+        bucket = users.bucket(str(salt))
+        started = clock.now
+        while record.status == "running":
+            answers = int(rng.poisson(rate * plan.interval_s))
+            weight = record.weight
+            await log_answers(store, users, rng, answers, bucket < weight, weight, effect)
+            clock.now += plan.interval_s
+            record = await controller.look()  # type: ignore[assignment]
+        return {
+            "outcome": f"{record.status}:{record.reason}",
+            "seconds": clock.now - started,
+            "step": record.step,
+        }
+
+
+async def baseline_traffic(users: Users, rate: float, rng: np.random.Generator) -> Any:
+    """Ten minutes of production-only traffic, measured as ``cascade rollout`` measures it."""
+    arm = ArmCounts()
+    shown, clicks = np.zeros(USERS), np.zeros(USERS)
+    chosen = rng.choice(USERS, size=int(rate * 600), p=users.activity)
+    for user in chosen:
+        arm.add_request(str(user), ITEMS_PER_ANSWER)
+        shown[user] += ITEMS_PER_ANSWER
+        for _ in range(rng.binomial(ITEMS_PER_ANSWER, users.rate[user])):
+            arm.add_click(str(user), hit=False)
+            clicks[user] += 1
+    return traffic_of(arm, 600.0 * (len(chosen) - 1) / len(chosen), shown, clicks)
+
+
+def summary(name: str, runs: list[dict[str, Any]], predicted: float | None) -> dict[str, Any]:
+    times = [r["seconds"] for r in runs]
+    outcomes = Counter(r["outcome"] for r in runs)
+    n = len(runs)
+    guard_or_kpi = ("kpi_worse", "error_rate", "degraded_rate", "latency", "srm")
+    rolled_back = sum(r["outcome"].split(":")[1] in guard_or_kpi for r in runs)
+    promoted = sum(r["outcome"].startswith("promoted") for r in runs)
+    line: dict[str, Any] = {
+        "runs": n,
+        "outcomes": dict(outcomes),
+        "median_s": statistics.median(times),
+        "p90_s": float(np.percentile(times, 90)),
+        "forecast_s": predicted,
+    }
+    if name == "aa":
+        line["false_rollback_rate"] = round(rolled_back / n, 3)
+    elif name == "worse":
+        line["power"] = round(rolled_back / n, 3)
+    else:
+        line["power" if name == "better" else "promoted_rate"] = round(promoted / n, 3)
+    return line
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repetitions", type=int, default=10)
+    parser.add_argument("--rate", type=float, default=40.0, help="answers per second")
+    parser.add_argument("--ctr", type=float, default=0.05)
+    parser.add_argument("--concentration", type=float, default=20.0, help="user CTR beta a+b")
+    parser.add_argument("--steps", default="0.05,0.25,0.5")
+    parser.add_argument("--margin", type=float, default=0.05)
+    parser.add_argument("--min-step-s", type=float, default=300.0)
+    parser.add_argument("--interval-s", type=float, default=30.0)
+    parser.add_argument("--step-deadline-s", type=float, default=3600.0)
+    parser.add_argument("--only", default=",".join(SCENARIOS))
+    args = parser.parse_args()
+    plan = RolloutPlan(
+        weights=tuple(float(w) for w in args.steps.split(",")),
+        min_step_s=args.min_step_s,
+        interval_s=args.interval_s,
+        step_deadline_s=args.step_deadline_s,
+        analysis=AnalysisConfig(non_inferiority_margin=args.margin),
+    )
+    rng = np.random.default_rng(0)
+    users = Users(args.ctr, args.concentration, rng)
+    traffic = await baseline_traffic(users, args.rate, rng)
+    print(
+        f"traffic: {traffic.answers_per_s:.1f} answers/s, CTR {traffic.ctr:.4f}, design effect "
+        f"{traffic.design_effect:.2f}, users' own CTR sd {traffic.user_variance**0.5:.4f} over "
+        f"{traffic.effective_users:.0f} effective users; plan {list(plan.weights)}, "
+        f"margin {args.margin:g}, "
+        f"min step {plan.min_step_s:g} s, deadline {plan.step_deadline_s:g} s",
+        flush=True,
+    )
+    results: dict[str, Any] = {}
+    for name in args.only.split(","):
+        effect = SCENARIOS[name]
+        outlook = forecast(traffic, plan, effect)
+        predicted = outlook.total_s if outlook.decidable else None
+        started, runs = time.perf_counter(), []
+        for _ in range(args.repetitions):
+            runs.append(await one_rollout(plan, users, effect, args.rate, rng))
+        results[name] = summary(name, runs, predicted)
+        print(
+            f"{name:<11} effect {effect:+.0%}: {results[name]} "
+            f"({time.perf_counter() - started:.0f} s wall)",
+            flush=True,
+        )
+    record = {
+        "bench": "rollout_decision",
+        "rate": args.rate,
+        "plan": {
+            "steps": list(plan.weights),
+            "margin": args.margin,
+            "min_step_s": plan.min_step_s,
+            "interval_s": plan.interval_s,
+            "step_deadline_s": plan.step_deadline_s,
+        },
+        "traffic": {
+            "ctr": round(traffic.ctr, 4),
+            "design_effect": round(traffic.design_effect, 2),
+            "user_ctr_sd": round(traffic.user_variance**0.5, 4),
+            "effective_users": round(traffic.effective_users),
+        },
+        "scenarios": results,
+    }
+    RESULTS.parent.mkdir(exist_ok=True)
+    RESULTS.write_text(json.dumps(record, indent=2) + "\n")
+    print(json.dumps(record))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
