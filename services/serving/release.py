@@ -35,6 +35,9 @@ from services.serving.rules import Rules
 log = logging.getLogger(__name__)
 
 
+AVAILABLE = "available"  # the item feature (bool) that takes an item out of answers
+
+
 @dataclass
 class Release:
     version: int
@@ -52,6 +55,8 @@ class Release:
     neighbors: ItemNeighbors | None = None
     embeddings: np.ndarray | None = None
     ids: ReleaseIds = field(default_factory=ReleaseIds.identity)  # external <-> internal ids
+    # catalog positions whose `available` item feature is false: never answered
+    unavailable: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     rules: Rules = field(default_factory=Rules)  # the business rules, in internal item ids
 
     def positions(self, ids: np.ndarray) -> np.ndarray:
@@ -96,7 +101,8 @@ def load_release(root: Path, version: int | None = None, rules: Rules | None = N
     popular = json.loads((directory / "popularity.json").read_text())["item_ids"]
     items = pd.read_parquet(directory / "online" / "items.parquet")
     workflow = Workflow.load(directory / "workflow")
-    genres = categories(items.set_index("item_id").reindex(item_ids), workflow.schema)
+    by_position = items.set_index("item_id").reindex(item_ids)
+    genres = categories(by_position, workflow.schema)
     table = AttributeTable(items, "item_id", workflow.schema.item_attributes)
     item_columns = workflow.transform(  # the catalog's features, encoded once per release
         {"item_id": item_ids, **table.lookup(item_ids)}, partial=True
@@ -111,6 +117,7 @@ def load_release(root: Path, version: int | None = None, rules: Rules | None = N
         items=table,
         primary_genre=np.asarray([g.split("|")[0] for g in genres]),
         genres=genres,
+        unavailable=unavailable_positions(by_position, workflow.schema),
         features=RequestFeatures(workflow, item_columns, int(manifest["config"]["history_length"])),
         ids=ReleaseIds.load(directory / "online", item_ids, {root / n for n in checked.unlisted}),
     )
@@ -119,6 +126,15 @@ def load_release(root: Path, version: int | None = None, rules: Rules | None = N
     if (directory / NEIGHBORS).is_dir():
         release.neighbors, release.embeddings = _neighbor_source(directory, index)
     return release
+
+
+def unavailable_positions(items: pd.DataFrame, schema: FeatureSchema) -> np.ndarray:
+    """Positions of the items (in ``items``' row order) whose bool feature ``available`` is
+    false (false, 0, "false", "no"); a missing value counts as available."""
+    if not any(f.name == AVAILABLE and f.kind == "bool" for f in schema.item):
+        return np.zeros(0, np.int64)
+    text = items[AVAILABLE].astype(object).map(lambda v: str(v).strip().lower())
+    return np.flatnonzero(text.isin(["false", "0", "0.0", "no", "n", "f"]).to_numpy())
 
 
 def categories(items: pd.DataFrame, schema: FeatureSchema) -> np.ndarray:

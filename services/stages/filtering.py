@@ -43,7 +43,11 @@ class FilteringStage:
         positions = release.positions(raw)
         return np.unique(
             np.concatenate(
-                [positions[positions >= 0], rule_excluded_ids(release.rules, release, ctx)]
+                [
+                    positions[positions >= 0],
+                    release.unavailable,
+                    rule_excluded_ids(release.rules, release, ctx),
+                ]
             )
         )
 

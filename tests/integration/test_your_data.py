@@ -73,6 +73,17 @@ async def test_a_customer_gets_skus_and_their_click_is_vouched_for(
     assert stranger.status_code == 200 and len(stranger.json()["items"]) == 5  # cold start
 
 
+async def test_unavailable_skus_are_never_answered(gateway: httpx.AsyncClient) -> None:
+    items = pd.read_csv(SAMPLE.parent / "items.csv")
+    unavailable = set(items.loc[~items["available"], "sku"])
+    assert unavailable
+    answered: set[str] = set()
+    for customer in [*_customers(10), "cu_nobody"]:
+        answer = await gateway.post("/v1/recommend", json={"user_id": customer, "k": 200})
+        answered |= {item["item_id"] for item in answer.json()["items"]}
+    assert len(answered) > 200 and not answered & unavailable
+
+
 async def test_offline_answers_equal_the_gateways(
     shop: Path, gateway: httpx.AsyncClient, tmp_path: Path
 ) -> None:

@@ -330,3 +330,13 @@ def test_a_neighbour_table_that_does_not_fit_the_index_is_refused(
     (tmp_path / DIRECTORY / "similarity.npy").write_bytes(b"not an array")
     with pytest.raises(ArtifactError, match="cannot read the item-neighbour source"):
         _neighbor_source(tmp_path, release.index)
+
+
+def test_items_whose_available_feature_is_false_are_unavailable() -> None:
+    from core.features.schema import Feature, FeatureSchema
+    from services.serving.release import unavailable_positions
+
+    schema = FeatureSchema(item=(Feature("available", "bool"),))
+    items = pd.DataFrame({"available": [True, False, None, "false", "TRUE", 0, np.nan]})
+    assert unavailable_positions(items, schema).tolist() == [1, 3, 5]
+    assert unavailable_positions(items, FeatureSchema()).tolist() == []  # no such feature
