@@ -179,12 +179,14 @@ def settings(args: argparse.Namespace, **overrides: Any) -> Any:
     return Settings(**overrides)
 
 
-def add_dataset_options(parser: argparse.ArgumentParser, built_in_help: str) -> None:
+def add_dataset_options(
+    parser: argparse.ArgumentParser, built_in_help: str, default: str | None = "movielens"
+) -> None:
     """``--dataset`` (a built-in data set) or ``--data`` (a team's own, by its dataset file),
-    one or the other; ``dataset_source`` reads the choice."""
+    one or the other; ``dataset_source`` reads the choice (None: neither, and no default)."""
     source = parser.add_mutually_exclusive_group()
     source.add_argument(
-        "--dataset", choices=["movielens", "synthetic"], default="movielens", help=built_in_help
+        "--dataset", choices=["movielens", "synthetic"], default=default, help=built_in_help
     )
     source.add_argument(
         "--data",
@@ -196,10 +198,10 @@ def add_dataset_options(parser: argparse.ArgumentParser, built_in_help: str) -> 
     )
 
 
-def dataset_source(args: argparse.Namespace) -> str:
+def dataset_source(args: argparse.Namespace) -> str | None:
     """The built-in data set's name, or the dataset file's path (checked to exist)."""
     if args.data is None:
-        return str(args.dataset)
+        return None if args.dataset is None else str(args.dataset)
     if not args.data.is_file():
         raise UsageError(f"--data {args.data}: no such file (a dataset file, e.g. dataset.yaml)")
     return str(args.data)

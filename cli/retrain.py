@@ -42,7 +42,13 @@ def add_parser(commands: Any) -> None:
         default=None,
         help="cursor, snapshots, journal and work directory (default: <artifacts>/retrain)",
     )
-    opt.add_dataset_options(parser, "the base data set the logged outcomes are appended to")
+    opt.add_dataset_options(
+        parser,
+        "the base data set the logged outcomes are appended to (default: the data production "
+        "was trained on, as its manifest records: a built-in name or a dataset file, whose "
+        "logs may have grown; else movielens)",
+        default=None,
+    )
     parser.add_argument("--users", type=opt.positive_int, default=10_000, help="synthetic: users")
     parser.add_argument("--items", type=opt.positive_int, default=5_000, help="synthetic: items")
     parser.add_argument(

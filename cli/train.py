@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         args.output,
         config,
         steps=tuple(args.steps) or STEPS,
-        dataset=opt.dataset_source(args),
+        dataset=opt.dataset_source(args) or "movielens",
         synthetic_size=(args.users, args.items, args.interactions),
         base_fraction=args.base_fraction,
     )

@@ -69,7 +69,7 @@ class RetrainOptions:
     artifacts: Path
     config: TrainConfig = field(default_factory=TrainConfig)
     state_dir: Path | None = None  # default: <artifacts>/retrain
-    dataset: str = "movielens"
+    dataset: str | None = None  # None: what production was trained on (production_source)
     synthetic_size: tuple[int, int, int] = (10_000, 5_000, 200_000)
     base_fraction: float = 1.0
     fractions: tuple[float, float, float] = (0.8, 0.1, 0.1)
@@ -107,6 +107,14 @@ class Progress:
 
 def _run_name() -> str:
     return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"p{os.getpid()}"
+
+
+def production_source(root: Path, production: int | None) -> str:
+    """The data ``production`` was trained on, as its manifest records it (``source``: a
+    built-in name or a dataset file, whose logs may have grown since); else movielens."""
+    path = root / "releases" / str(production) / "manifest.json"
+    manifest = json.loads(path.read_text()) if production is not None and path.is_file() else {}
+    return str(manifest.get("source") or "movielens")
 
 
 def production_learnt(
@@ -255,9 +263,9 @@ def run_retrain(
                 [state_dir.snapshot_path(r, "impressions") for r in runs], "impressions"
             )
             config = options.config
-            full_base = load_dataset(
-                options.dataset, config.seed, options.synthetic_size, state_dir.work
-            )
+            source = options.dataset or production_source(root, production)
+            progress(f"base data: {source}")
+            full_base = load_dataset(source, config.seed, options.synthetic_size, state_dir.work)
             base = oldest(full_base, options.base_fraction)
             learnt = production_learnt(
                 root, production, full_base, oldest_rows(full_base, options.base_fraction)
@@ -284,7 +292,7 @@ def run_retrain(
                 history_length=config.history_length,
                 split=data.split,
             )
-            info = {"dataset": data.dataset.name, "data_hash": data.data_hash}
+            info = {"dataset": data.dataset.name, "data_hash": data.data_hash, "source": source}
             (work / DATASET_INFO).write_text(json.dumps(info))
             progress("prepared; training the two-tower and BPR-MF")
             retrieval = run_retrieval(work, config, progress)

@@ -113,3 +113,13 @@ def test_logs_that_grew_since_training_are_new_after_the_watermark(tmp_path: Pat
     mask = learnt.mask(len(DATA.interactions), DATA.interactions["timestamp"].to_numpy())
     assert 0 < mask.sum() < len(mask)
     assert "newer rows are new to it" in learnt.source
+
+
+def test_the_retrain_reads_the_data_production_was_trained_on(tmp_path: Path) -> None:
+    from control.retrain.job import production_source
+
+    _manifest(tmp_path, 1, {"source": "/data/shop/dataset.yaml"})
+    _manifest(tmp_path, 2, {"data_hash": "x"})  # before sources were recorded
+    assert production_source(tmp_path, 1) == "/data/shop/dataset.yaml"
+    assert production_source(tmp_path, 2) == "movielens"
+    assert production_source(tmp_path, None) == "movielens"
