@@ -40,7 +40,7 @@ class IdMap:
         if kind == "int" and values:
             raise ValueError("an integer id map is the identity and holds no values")
         self.external = np.asarray(values, dtype=object)
-        self._index = pd.Index(self.external) if kind == "str" else None
+        self._index = pd.Index(self.external, dtype=object) if kind == "str" else None
 
     @classmethod
     def identity(cls) -> IdMap:
