@@ -41,6 +41,7 @@ from core.ids import MAX_ID_LENGTH, IdKind, IdMap
 from pipelines.data.dataset_file import DatasetFile, InteractionsSpec, TableSpec
 from pipelines.data.reader import Batch, file_format, file_schema, list_files, read_batches
 from pipelines.data.schema import RawDataset
+from pipelines.data.string_ids import StringIds
 
 POSITIVE, RETRIEVAL_ONLY, NEGATIVE = 5.0, 3.0, 1.0
 PART_ROWS = 1 << 24  # rows per written interactions file
@@ -90,118 +91,7 @@ def _missing(values: pa.Array) -> np.ndarray:
 
 
 # --- ids ------------------------------------------------------------------------------------
-# --- string ids -----------------------------------------------------------------------------
-_M1, _M2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xC2B2AE3D27D4EB4F)
-_ALL = np.uint64(0xFFFFFFFFFFFFFFFF)
-
-
-def _mix(h: np.ndarray) -> np.ndarray:
-    h ^= h >> np.uint64(31)
-    h *= _M2
-    h ^= h >> np.uint64(29)
-    return h
-
-
-def fingerprints(words: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """Two independent 64-bit hashes of each string of ``words`` (no nulls), computed on the
-    arrow buffers 8 bytes at a time: 128 bits that tell distinct ids apart."""
-    wide = pa.types.is_large_string(words.type)
-    offsets = np.frombuffer(words.buffers()[1], np.int64 if wide else np.int32)
-    offsets = offsets[words.offset : words.offset + len(words) + 1].astype(np.int64)
-    data = words.buffers()[2]
-    raw = np.zeros((data.size if data is not None else 0) + 8, np.uint8)
-    if data is not None:
-        raw[: data.size] = np.frombuffer(data, np.uint8)
-    window = np.ndarray((len(raw) - 7,), dtype="<u8", buffer=raw, strides=(1,))  # unaligned
-    start, length = offsets[:-1], np.diff(offsets)
-    with np.errstate(over="ignore"):
-        h1 = _mix(length.astype(np.uint64) * _M1)
-        h2 = _mix(~h1 ^ _M2)
-        shortest = int(length.min(initial=0))
-        for k in range(0, int(length.max(initial=0)), 8):
-            if k + 8 <= shortest:  # every word has 8 bytes here: no masking
-                chunk = window[start + k]
-                h1 = _mix(h1 ^ chunk) * _M1
-                h2 = _mix((h2 + chunk) * _M2) ^ (h2 >> np.uint64(17))
-                continue
-            live = np.flatnonzero(length > k)  # words with bytes left at offset k
-            chunk = window[start[live] + k]
-            left = np.minimum(length[live] - k, 8).astype(np.uint64)
-            chunk &= np.where(left >= 8, _ALL, (np.uint64(1) << (left * np.uint64(8))) - 1)
-            h1[live] = _mix(h1[live] ^ chunk) * _M1
-            h2[live] = _mix((h2[live] + chunk) * _M2) ^ (h2[live] >> np.uint64(17))
-        h1 = _mix(h1)
-    h1[h1 == 0] = 1  # 0 marks an empty slot
-    return h1, h2
-
-
-class StringIds:
-    """String ids -> internal ids 1..N in first-seen order: the strings' fingerprints in an
-    open-addressing hash table of numpy arrays, so a batch's distinct ids are looked up and
-    added vectorised, without rebuilding anything per batch. A slot is one row of
-    ``(fingerprint 1, fingerprint 2, id)``, so a probe touches one cache line."""
-
-    def __init__(self) -> None:
-        self._slots = np.zeros((1 << 12, 3), np.uint64)  # fingerprint 1 = 0: empty
-        self.count = 0
-        self._words: list[pa.Array] = []
-
-    def ids(self, words: pa.Array) -> np.ndarray:
-        """The internal ids of ``words`` (distinct, as a dictionary's are); those not met
-        before are numbered on, in their order."""
-        h1, h2 = fingerprints(words)
-        out = self._find(h1, h2)
-        new = np.flatnonzero(out == 0)
-        if new.size:
-            out[new] = self.count + 1 + np.arange(new.size)
-            self._grow(new.size)
-            self._place(h1[new], h2[new], out[new].astype(np.uint64))
-            self.count += new.size
-            self._words.append(words.take(pa.array(new)))
-        return out
-
-    def words(self) -> list[str]:
-        """Every id, in internal id order."""
-        return [w for chunk in self._words for w in chunk.to_pylist()]
-
-    def _find(self, h1: np.ndarray, h2: np.ndarray) -> np.ndarray:
-        mask = np.uint64(len(self._slots) - 1)
-        slot, out = h1 & mask, np.zeros(len(h1), np.int64)
-        pending = np.arange(len(h1))
-        while pending.size:
-            rows = np.take(self._slots, slot[pending], axis=0)
-            hit = (rows[:, 0] == h1[pending]) & (rows[:, 1] == h2[pending])
-            out[pending[hit]] = rows[hit, 2]
-            pending = pending[~hit & (rows[:, 0] != 0)]  # linear probing
-            slot[pending] = (slot[pending] + np.uint64(1)) & mask
-        return out
-
-    def _place(self, h1: np.ndarray, h2: np.ndarray, values: np.ndarray) -> None:
-        mask = np.uint64(len(self._slots) - 1)
-        slot, pending = h1 & mask, np.arange(len(h1))
-        while pending.size:
-            at = slot[pending]
-            free = self._slots[at, 0] == 0
-            claim, where = pending[free], at[free]
-            # several may claim one free slot: the last write wins, the others probe on
-            self._slots[where] = np.stack([h1[claim], h2[claim], values[claim]], axis=1)
-            won = np.zeros(len(pending), bool)
-            won[free] = self._slots[where, 2] == values[claim]
-            pending = pending[~won]
-            slot[pending] = (slot[pending] + np.uint64(1)) & mask
-
-    def _grow(self, more: int) -> None:
-        """Keep the table at most half full."""
-        size = len(self._slots)
-        while (self.count + more) * 2 > size:
-            size *= 2
-        if size != len(self._slots):
-            old = self._slots[self._slots[:, 0] != 0]
-            self._slots = np.zeros((size, 3), np.uint64)
-            self._place(old[:, 0], old[:, 1], old[:, 2])
-
-
-class _KindMismatch(Exception):
+class KindMismatch(Exception):
     """An id column broke the integer guess: start again with string ids."""
 
     def __init__(self, side: str) -> None:
@@ -209,7 +99,7 @@ class _KindMismatch(Exception):
         self.side = side
 
 
-class _Ids:
+class SideIds:
     """Maps one side's external ids (users or items) to internal ids, batch by batch."""
 
     def __init__(self, side: str, kind: IdKind) -> None:
@@ -226,10 +116,10 @@ class _Ids:
         if self.kind == "int":
             if pa.types.is_string(values.type) and file_format(batch.file) == "csv":
                 if not canonical_ints(values):
-                    raise _KindMismatch(self.side)
+                    raise KindMismatch(self.side)
                 values = values.cast(pa.int64())
             if not pa.types.is_integer(values.type):
-                raise _KindMismatch(self.side)
+                raise KindMismatch(self.side)
             ints = values.cast(pa.int64()).fill_null(0).to_numpy()
             problems.add(f"{what} is null", batch, null)
             problems.add(f"{what} is not >= 1 (0 means unknown)", batch, (ints <= 0) & ~null)
@@ -492,7 +382,7 @@ def _separator(lists: pa.ChunkedArray, name: str) -> str:
 
 
 @dataclass
-class _Table:
+class Table:
     """A user or item table: internal id and stored features, one row per key."""
 
     frame: pd.DataFrame
@@ -500,15 +390,15 @@ class _Table:
     files: list[Path]
 
 
-def _read_table(
-    dataset: DatasetFile, spec: TableSpec, features: tuple[Feature, ...], ids: _Ids
-) -> _Table:
-    files = list_files(dataset.resolve(spec.path))
+def read_table(path: Path, spec: TableSpec, features: tuple[Feature, ...], ids: SideIds) -> Table:
+    """A user or item table at ``path`` (its key mapped by ``ids``, its features checked and
+    normalised); DataError naming the file, column and first bad row."""
+    files = list_files(path)
     text = {f.name: pa.string() for f in features if f.kind != "numeric" and f.kind != "bool"}
     types = text | {spec.key: pa.string()}
     batches = list(read_batches(files, spec.columns, spec.delimiter, types))
     if not batches:
-        raise DataError(dataset.resolve(spec.path), "the table has no rows")
+        raise DataError(path, "the table has no rows")
     problems = Problems()
     columns: dict[str, list[Any]] = {"id": [], **{f.name: [] for f in features}}
     for batch in batches:
@@ -529,7 +419,7 @@ def _read_table(
     frame["where"] = [(b, i) for b, batch in enumerate(batches) for i in range(batch.data.num_rows)]
     _check_duplicates(frame, batches, spec.key)
     ids.table_ids(frame["id"].to_numpy())
-    return _Table(frame.drop_duplicates("id").drop(columns="where"), separators, files)
+    return Table(frame.drop_duplicates("id").drop(columns="where"), separators, files)
 
 
 def _check_duplicates(frame: pd.DataFrame, batches: list[Batch], key: str) -> None:
@@ -589,7 +479,7 @@ class _Parts:
             self._pool.shutdown()
 
 
-def _interactions(dataset: DatasetFile, ids: dict[str, _Ids], directory: Path) -> dict[str, Any]:
+def _interactions(dataset: DatasetFile, ids: dict[str, SideIds], directory: Path) -> dict[str, Any]:
     """Stream, check and write the interactions; their counts."""
     spec = dataset.spec.interactions
     files = list_files(dataset.resolve(spec.path))
@@ -636,7 +526,7 @@ def _interactions(dataset: DatasetFile, ids: dict[str, _Ids], directory: Path) -
 
 
 # --- the whole run --------------------------------------------------------------------------
-def _side_frame(ids: _Ids, table: _Table | None, column: str) -> pd.DataFrame:
+def _side_frame(ids: SideIds, table: Table | None, column: str) -> pd.DataFrame:
     frame = pd.DataFrame({column: ids.internal_ids()})
     if table is not None:
         frame = frame.merge(table.frame.rename(columns={"id": column}), on=column, how="left")
@@ -645,10 +535,10 @@ def _side_frame(ids: _Ids, table: _Table | None, column: str) -> pd.DataFrame:
     return frame
 
 
-def _stored_schema(schema: FeatureSchema, tables: dict[str, _Table | None]) -> FeatureSchema:
+def _stored_schema(schema: FeatureSchema, tables: dict[str, Table | None]) -> FeatureSchema:
     """The declared schema with each multi-categorical feature's stored separator."""
 
-    def side(features: tuple[Feature, ...], table: _Table | None) -> tuple[Feature, ...]:
+    def side(features: tuple[Feature, ...], table: Table | None) -> tuple[Feature, ...]:
         seps = table.separators if table else {}
         return tuple(
             Feature(**{**f.__dict__, "separator": seps[f.name]}) if f.name in seps else f
@@ -660,14 +550,14 @@ def _stored_schema(schema: FeatureSchema, tables: dict[str, _Table | None]) -> F
 
 def _run(dataset: DatasetFile, directory: Path, kinds: dict[str, IdKind]) -> dict[str, Any]:
     schema = dataset.feature_schema()
-    ids = {side: _Ids(side, kinds[side]) for side in ("user", "item")}
-    tables: dict[str, _Table | None] = {"user": None, "item": None}
+    ids = {side: SideIds(side, kinds[side]) for side in ("user", "item")}
+    tables: dict[str, Table | None] = {"user": None, "item": None}
     for side, spec, features in (
         ("user", dataset.spec.users, schema.user),
         ("item", dataset.spec.items, schema.item),
     ):
         if spec is not None:
-            tables[side] = _read_table(dataset, spec, features, ids[side])
+            tables[side] = read_table(dataset.resolve(spec.path), spec, features, ids[side])
     summary = _interactions(dataset, ids, directory)
     for side in ("user", "item"):
         frame = _side_frame(ids[side], tables[side], f"{side}_id")
@@ -714,7 +604,7 @@ def ingest(dataset: DatasetFile, output: Path) -> dict[str, Any]:
         try:
             summary = _run(dataset, temporary, kinds)
             break
-        except _KindMismatch as mismatch:
+        except KindMismatch as mismatch:
             kinds[mismatch.side] = "str"  # an id that is not an integer: string ids throughout
         except BaseException:
             shutil.rmtree(temporary, ignore_errors=True)

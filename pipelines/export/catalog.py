@@ -22,7 +22,6 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -37,8 +36,8 @@ from core.features.workflow import Workflow
 from core.ids import ITEM_ID_MAP, IdMap
 from core.item_neighbors import DIRECTORY as NEIGHBORS
 from core.item_neighbors import ItemNeighbors
-from pipelines.data.dataset_file import DatasetFile, DatasetSpec, FeatureSpec, TableSpec
-from pipelines.data.ingest import _Ids, _KindMismatch, _read_table
+from pipelines.data.dataset_file import FeatureSpec, TableSpec
+from pipelines.data.ingest import KindMismatch, SideIds, read_table
 from pipelines.export.exporter import ITEM_TOWER
 from pipelines.export.onnx_models import run_item_tower
 from pipelines.prepare import item_tower_inputs
@@ -71,7 +70,7 @@ def read_item_table(
     ``id_map`` lacks numbered on after it) and each feature (multi-categorical values joined
     by the feature's ``separator``, which the file may use for delimited text), one row per
     key; and ``id_map`` extended with the new ids. DataError naming file, column and row."""
-    ids = _Ids("item", id_map.kind)
+    ids = SideIds("item", id_map.kind)
     if id_map.kind == "str" and len(id_map):
         ids.known.ids(pa.array(id_map.external.tolist(), pa.string()))  # keep 1..N
     spec = TableSpec(
@@ -80,11 +79,9 @@ def read_item_table(
         delimiter=delimiter,
         features={f.name: FeatureSpec(kind=f.kind) for f in features},
     )
-    # the reader resolves the table's path through a dataset file; this one is absolute
-    here = DatasetFile(path, cast(DatasetSpec, None))
     try:
-        table = _read_table(here, spec, features, ids)
-    except _KindMismatch:
+        table = read_table(path, spec, features, ids)
+    except KindMismatch:
         raise DataError(
             path, f"column {key!r}: item ids must be integers here (this release's ids are)"
         ) from None

@@ -16,8 +16,9 @@ import pytest
 from core.errors import DataError
 from core.ids import MAX_ID_LENGTH
 from pipelines.data.dataset_file import load_dataset_file
-from pipelines.data.ingest import StringIds, ingest, load_ingested
+from pipelines.data.ingest import ingest, load_ingested
 from pipelines.data.schema import RawDataset
+from pipelines.data.string_ids import StringIds
 
 EVENTS = [
     {"customer_id": "u1", "sku": "A-1", "ts": 1_700_000_000, "action": "click"},
