@@ -90,7 +90,13 @@ def _cell(row: dict[str, Any], column: str) -> str:
     if column == "version":
         return str(row["version"])
     if column == "state":
-        notes = [" (previous)" if row["previous_production"] else ""]
+        adopted = row["state"] == "production" and any(
+            str(h.get("reason", "")).startswith("adopted") for h in row["history"]
+        )  # production by first deploy, not through a gate and a rollout
+        notes = [
+            " (adopted)" if adopted else "",
+            " (previous)" if row["previous_production"] else "",
+        ]
         notes.append("" if row["complete_on_disk"] else " (no files)")
         return row["state"] + "".join(notes)
     if column == "created":

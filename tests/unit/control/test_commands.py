@@ -106,3 +106,21 @@ def test_gc_errors_are_one_line(artifacts: Path, capsys: pytest.CaptureFixture[s
     with FileRegistry(artifacts / "registry.json").lock("gc", ttl_s=30):
         assert main(["gc", "--artifacts", str(artifacts)]) == 3
     assert "cascade: error: lock 'gc' is held by" in capsys.readouterr().err
+
+
+def test_versions_marks_a_production_adopted_at_first_deploy(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in list(os.environ):
+        if name.startswith("CASCADE_") and name != "CASCADE_FEEDBACK__REQUIRE_DURABLE":
+            monkeypatch.delenv(name)
+    root = tmp_path / "artifacts"
+    make_version(root, 1, recall=0.2)
+    make_version(root, 2, recall=0.3)
+    registry = FileRegistry(root / "registry.json")
+    registry.adopt(1, "adopted: first deploy")
+    registry.register(2, PASS)
+    assert main(["versions", "--artifacts", str(root)]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
+    assert rows["1"].split()[1:3] == ["production", "(adopted)"]
+    assert rows["2"].split()[1] == "candidate" and "(adopted)" not in rows["2"]
