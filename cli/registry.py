@@ -61,6 +61,14 @@ def _metrics(manifest: dict[str, Any] | None) -> dict[str, float | None]:
     return out
 
 
+# Each version's figures come from its own test set, so they compare within a kind only.
+METRICS_NOTE = (
+    "metrics: each version's own test set (cascade train: a random tenth of its data; "
+    "cascade retrain: the newest holdout, harder); compare versions with the gate "
+    "(releases/<v>/validation.json), not across these columns"
+)
+
+
 def version_rows(registry: Registry, artifacts: Path) -> list[dict[str, Any]]:
     """One dict per version (registered or on disk), oldest first."""
     records: dict[int, VersionRecord] = {r.version: r for r in registry.records()}
@@ -131,6 +139,7 @@ def run_versions(args: argparse.Namespace) -> int:
         print(
             "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
         )
+    print(METRICS_NOTE)
     return 0
 
 

@@ -121,6 +121,8 @@ def test_versions_marks_a_production_adopted_at_first_deploy(
     registry.adopt(1, "adopted: first deploy")
     registry.register(2, PASS)
     assert main(["versions", "--artifacts", str(root)]) == 0
-    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line for line in out.splitlines()[1:]}
     assert rows["1"].split()[1:3] == ["production", "(adopted)"]
+    assert out.splitlines()[-1].startswith("metrics: each version's own test set")
     assert rows["2"].split()[1] == "candidate" and "(adopted)" not in rows["2"]
