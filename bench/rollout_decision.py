@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import statistics
 import sys
@@ -36,12 +37,16 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from pydantic import PrivateAttr
+
 from control.registry import FileRegistry
-from control.rollout.analysis import AnalysisConfig
+from control.rollout.analysis import AnalysisConfig, ArmStats
 from control.rollout.controller import RolloutController, RolloutPlan
+from control.rollout.cuped import Covariates, CupedArm, read_pre_period
 from control.rollout.planner import forecast, traffic_of
-from control.rollout.state import ArmCounts, FileRolloutLog
+from control.rollout.state import ArmCounts, FileRolloutLog, RolloutRecord, user_cluster
 from services.state.desired_state import FileDesiredState
+from services.stores.base import stream_id_key
 from services.stores.memory import InMemoryStore
 from tests.unit.control.fake_exports import production_and_candidate
 
@@ -53,7 +58,7 @@ RESULTS = Path(__file__).resolve().parent / "results" / "rollout_decision.json"
 
 class Clock:
     def __init__(self) -> None:
-        self.now = 1_000.0  # far below the store's wall-clock stream ids: every event is read
+        self.now = 1_000.0  # set to the wall clock at the start (the store's stream ids)
 
     def __call__(self) -> float:
         return self.now
@@ -72,17 +77,17 @@ class Users:
         return np.array(hashes) % 10_000 / 10_000
 
 
-async def log_answers(
-    store: InMemoryStore,
+def answers_of(
     users: Users,
     rng: np.random.Generator,
     answers: int,
     canary_of: np.ndarray,
     weight: float,
     effect: float,
-) -> None:
+) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
     """``answers`` answers as a gateway logs them (version 2 the canary), and their clicks."""
     chosen = rng.choice(USERS, size=answers, p=users.activity)
+    split = f"2:{weight:g}" if weight > 0 else ""
     impressions, clicks = [], []
     for user in chosen:
         canary = bool(canary_of[user])
@@ -91,7 +96,7 @@ async def log_answers(
         version = "2" if canary else "1"
         impressions.append(
             {"request_id": request_id, "user_id": str(user), "model_version": version,
-             "split": f"2:{weight:g}", "items": " ".join(map(str, range(ITEMS_PER_ANSWER))),
+             "split": split, "items": " ".join(map(str, range(ITEMS_PER_ANSWER))),
              "scores": "1 " * ITEMS_PER_ANSWER, "degraded": "0", "reasons": "",
              "latency_ms": "5.0", "timestamp": "0"}
         )  # fmt: skip
@@ -102,18 +107,80 @@ async def log_answers(
                  "model_version": version, "request_id": request_id,
                  "hit": "1" if rank == np.flatnonzero(shown)[0] else "0", "trust": "served"}
             )  # fmt: skip
-    await store.append_impressions(impressions, max_len=10**8, ttl_s=10**6)
+    return impressions, clicks
+
+
+async def log_events(
+    store: InMemoryStore, events: tuple[list[dict[str, str]], list[dict[str, str]]]
+) -> None:
+    impressions, clicks = events
+    if impressions:
+        await store.append_impressions(impressions, max_len=10**8, ttl_s=10**6)
     if clicks:
         await store.append_feedback(clicks, max_len=10**8, idempotency_ttl_s=10**6)
 
 
+class WithCovariate(ArmCounts):
+    """An arm's counts whose stats carry the CUPED covariate (the bench's wiring, below)."""
+
+    _covariate: CupedArm | None = PrivateAttr(default=None)
+
+    def stats(self) -> ArmStats:
+        return dataclasses.replace(super().stats(), cuped=self._covariate)
+
+
+class CupedController(RolloutController):
+    """The controller with the pre-period covariate attached to its arms' stats: reads the
+    streams before the rollout's start once (``read_pre_period``), and after each look's
+    reading the users each arm served in it. The bench's wiring of ``control.rollout.cuped``
+    (the controller itself does not carry the covariate yet)."""
+
+    covariates: Covariates | None = None
+
+    async def _read_streams(self, record: RolloutRecord) -> None:
+        if self.covariates is None:
+            start = f"{int(record.started_at * 1000)}-0"  # as RolloutController.start
+            window = self.plan.analysis.cuped_pre_period_s
+            self.covariates = Covariates(pre=await read_pre_period(self.store, start, window))
+        cursor = record.cursors["impressions"]
+        await super()._read_streams(record)
+        names = {str(record.production): "control", str(record.version): "canary"}
+        end = stream_id_key(record.cursors["impressions"])
+        while True:
+            entries = await self.store.read_stream("impressions", cursor, 10_000)
+            for stream_id, fields in entries:
+                if stream_id_key(stream_id) > end:
+                    break
+                cursor = stream_id
+                arm = names.get(fields.get("model_version", ""))
+                if arm is not None:
+                    user = fields.get("user_id", "")
+                    self.covariates.see(arm, user, user_cluster(user))
+            if len(entries) < 10_000 or stream_id_key(cursor) >= end:
+                break
+        for name in ("control", "canary"):
+            counts = WithCovariate(**record.arm(name).model_dump())
+            counts._covariate = self.covariates.arm(name, counts.clusters[2], counts.clusters[1])
+            record.arms[name] = counts
+
+
 async def one_rollout(
-    plan: RolloutPlan, users: Users, effect: float, rate: float, rng: np.random.Generator
+    plan: RolloutPlan,
+    users: Users,
+    effect: float,
+    rate: float,
+    seed: list[int],
+    pre_period: tuple[list[dict[str, str]], list[dict[str, str]]],
 ) -> dict[str, Any]:
+    """One rollout; ``seed`` fixes its traffic, clicks and users' arms, whatever the plan."""
+    rng = np.random.default_rng(seed)
     with tempfile.TemporaryDirectory() as directory:
         root = production_and_candidate(Path(directory) / "artifacts")
         clock, store = Clock(), InMemoryStore()
-        controller = RolloutController(
+        await log_events(store, pre_period)  # production only, before the rollout
+        await asyncio.sleep(0.002)
+        clock.now = time.time()  # the start cursor follows the pre-period's stream ids
+        controller = CupedController(
             root,
             FileRegistry(root / "registry.json"),
             FileDesiredState(root / "rollout" / "desired.json"),
@@ -123,19 +190,28 @@ async def one_rollout(
             clock=clock,
         )
         record = controller.start(2)
-        salt = controller.desired.read().assignment_salt  # type: ignore[union-attr]
-        bucket = users.bucket(str(salt))
+        await asyncio.sleep(0.002)
+        # the bench routes: its own salt per seed, so both settings see the same arms
+        bucket = users.bucket("-".join(map(str, seed)))
         started = clock.now
+        reduction = []
         while record.status == "running":
             answers = int(rng.poisson(rate * plan.interval_s))
             weight = record.weight
-            await log_answers(store, users, rng, answers, bucket < weight, weight, effect)
+            events = answers_of(users, rng, answers, bucket < weight, weight, effect)
+            await log_events(store, events)
             clock.now += plan.interval_s
             record = await controller.look()  # type: ignore[assignment]
+            value = ((record.last_decision or {}).get("values") or {}).get(
+                "ctr_cuped_variance_reduction"
+            )
+            if value is not None:
+                reduction.append(value)
         return {
             "outcome": f"{record.status}:{record.reason}",
             "seconds": clock.now - started,
             "step": record.step,
+            "variance_reduction": reduction[-1] if reduction else None,
         }
 
 
@@ -167,6 +243,9 @@ def summary(name: str, runs: list[dict[str, Any]], predicted: float | None) -> d
         "p90_s": float(np.percentile(times, 90)),
         "forecast_s": predicted,
     }
+    reductions = [r["variance_reduction"] for r in runs if r.get("variance_reduction") is not None]
+    if reductions:
+        line["cuped_variance_reduction_median"] = round(statistics.median(reductions), 3)
     if name == "aa":
         line["false_rollback_rate"] = round(rolled_back / n, 3)
     elif name == "worse":
@@ -188,39 +267,66 @@ async def main() -> None:
     parser.add_argument("--interval-s", type=float, default=30.0)
     parser.add_argument("--step-deadline-s", type=float, default=3600.0)
     parser.add_argument("--only", default=",".join(SCENARIOS))
+    parser.add_argument(
+        "--cuped", choices=("on", "off", "both"), default="both",
+        help="adjust the CTR test by users' pre-rollout CTR; both: paired runs, same seeds",
+    )  # fmt: skip
+    parser.add_argument(
+        "--pre-period-s", type=float, default=3600.0,
+        help="production-only traffic logged before each rollout (the covariate's events)",
+    )  # fmt: skip
+    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    plan = RolloutPlan(
-        weights=tuple(float(w) for w in args.steps.split(",")),
-        min_step_s=args.min_step_s,
-        interval_s=args.interval_s,
-        step_deadline_s=args.step_deadline_s,
-        analysis=AnalysisConfig(non_inferiority_margin=args.margin),
-    )
-    rng = np.random.default_rng(0)
+    settings = ["off", "on"] if args.cuped == "both" else [args.cuped]
+    plans = {
+        setting: RolloutPlan(
+            weights=tuple(float(w) for w in args.steps.split(",")),
+            min_step_s=args.min_step_s,
+            interval_s=args.interval_s,
+            step_deadline_s=args.step_deadline_s,
+            analysis=AnalysisConfig(
+                non_inferiority_margin=args.margin,
+                cuped=setting == "on",
+                cuped_pre_period_s=args.pre_period_s + 60.0,
+            ),
+        )
+        for setting in settings
+    }
+    plan = plans[settings[0]]
+    rng = np.random.default_rng(args.seed)
     users = Users(args.ctr, args.concentration, rng)
     traffic = await baseline_traffic(users, args.rate, rng)
+    answers = int(rng.poisson(args.rate * args.pre_period_s))
+    no_canary = np.zeros(USERS, bool)
+    pre_period = answers_of(users, rng, answers, no_canary, 0.0, 0.0)
     print(
         f"traffic: {traffic.answers_per_s:.1f} answers/s, CTR {traffic.ctr:.4f}, design effect "
         f"{traffic.design_effect:.2f}, users' own CTR sd {traffic.user_variance**0.5:.4f} over "
         f"{traffic.effective_users:.0f} effective users; plan {list(plan.weights)}, "
         f"margin {args.margin:g}, "
-        f"min step {plan.min_step_s:g} s, deadline {plan.step_deadline_s:g} s",
+        f"min step {plan.min_step_s:g} s, deadline {plan.step_deadline_s:g} s; pre-period "
+        f"{args.pre_period_s:g} s ({answers} answers)",
         flush=True,
     )
     results: dict[str, Any] = {}
-    for name in args.only.split(","):
+    for index, name in enumerate(args.only.split(",")):
         effect = SCENARIOS[name]
-        outlook = forecast(traffic, plan, effect)
-        predicted = outlook.total_s if outlook.decidable else None
-        started, runs = time.perf_counter(), []
-        for _ in range(args.repetitions):
-            runs.append(await one_rollout(plan, users, effect, args.rate, rng))
-        results[name] = summary(name, runs, predicted)
-        print(
-            f"{name:<11} effect {effect:+.0%}: {results[name]} "
-            f"({time.perf_counter() - started:.0f} s wall)",
-            flush=True,
-        )
+        for setting in settings:
+            outlook = forecast(traffic, plans[setting], effect)
+            predicted = outlook.total_s if outlook.decidable else None
+            started, runs = time.perf_counter(), []
+            for repetition in range(args.repetitions):
+                seed = [args.seed, index, repetition]
+                runs.append(
+                    await one_rollout(plans[setting], users, effect, args.rate, seed, pre_period)
+                )
+            key = f"{name}/cuped_{setting}"
+            results[key] = summary(name, runs, predicted)
+            print(
+                f"{key:<20} effect {effect:+.0%}: {results[key]} "
+                f"({time.perf_counter() - started:.0f} s wall)",
+                flush=True,
+            )
     record = {
         "bench": "rollout_decision",
         "rate": args.rate,
@@ -230,6 +336,8 @@ async def main() -> None:
             "min_step_s": plan.min_step_s,
             "interval_s": plan.interval_s,
             "step_deadline_s": plan.step_deadline_s,
+            "pre_period_s": args.pre_period_s,
+            "seed": args.seed,
         },
         "traffic": {
             "ctr": round(traffic.ctr, 4),

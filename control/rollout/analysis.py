@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from control.rollout.cuped import CupedArm, cuped_difference, mixture_on_estimate
 from control.rollout.sequential import mixture_test, smoothed, srm_test
 from core.errors import ConfigError
 
@@ -44,6 +45,9 @@ class ArmStats:
     latency_buckets: tuple[int, ...] | None = None
     """Request counts per latency bucket (shared bounds for both arms): the latency guardrail
     tests the canary's share of requests slower than production's p99 with them."""
+    cuped: CupedArm | None = None
+    """Per user cluster: rollout clicks and items shown, and the pre-rollout ones of the
+    users served (``control.rollout.cuped``); None: no covariate, the CTR test is unadjusted."""
 
     def __post_init__(self) -> None:
         counts = (self.requests, self.errors, self.degraded, self.impressions, self.clicks)
@@ -75,6 +79,11 @@ class AnalysisConfig:
     max_p99_increase_ms: float = 25.0
     """...and by at least this many milliseconds: a 2 ms against 1 ms p99 is no breach, and a
     p99 of a few hundred requests on a busy machine moves by tens of ms on its own."""
+    cuped: bool = False
+    """Adjust the CTR difference by the users' pre-rollout CTR (CUPED) when the arms carry
+    it: off until measured (docs/benchmarks/rollout_decision.md, 2026-11-26)."""
+    cuped_pre_period_s: float = 86_400.0
+    """How far before the rollout's start the covariate's events are read (a day)."""
     srm_alpha: float = 0.01
     """Level of the sample-ratio test over all looks of a rollout (always valid)."""
     srm_tau: float = 0.075
@@ -102,6 +111,8 @@ class AnalysisConfig:
             raise ConfigError(f"max_p99_ratio must exceed 1, got {self.max_p99_ratio}")
         if self.max_p99_increase_ms < 0.0:
             raise ConfigError(f"max_p99_increase_ms must be >= 0, got {self.max_p99_increase_ms}")
+        if self.cuped_pre_period_s <= 0.0:
+            raise ConfigError(f"cuped_pre_period_s must be positive, got {self.cuped_pre_period_s}")
         if self.min_impressions < 1 or self.min_requests < 1:
             raise ConfigError("min_impressions and min_requests must be at least 1")
 
@@ -137,10 +148,14 @@ class SequentialState:
 
 
 def always_valid_ctr(
-    control: ArmStats, canary: ArmStats, tau: float, alpha: float
+    control: ArmStats, canary: ArmStats, tau: float, alpha: float, cuped: bool = False
 ) -> dict[str, Value]:
-    """The mixture SPRT of one look on CTR (clicks / impressions), ``tau`` in absolute CTR."""
-    return mixture_test(
+    """The mixture SPRT of one look on CTR (clicks / impressions), ``tau`` in absolute CTR.
+
+    With ``cuped`` and both arms' covariate, on the CUPED-adjusted difference, its variance
+    no lower than the binomial one per arm (the covariate explains users, not the coin flips
+    of their clicks); ``cuped_*`` values say what the adjustment did (theta None: unadjusted)."""
+    test = mixture_test(
         control.clicks,
         control.impressions,
         canary.clicks,
@@ -149,6 +164,27 @@ def always_valid_ctr(
         alpha,
         (control.ctr_variance, canary.ctr_variance),
     )
+    test.update(cuped_theta=None, cuped_variance_reduction=None, cuped_raw_difference=None)
+    if not cuped or control.cuped is None or canary.cuped is None or test["difference"] is None:
+        return test
+    estimate = cuped_difference(control.cuped, canary.cuped)
+    if estimate is None:
+        return test
+    binomial = sum(
+        smoothed(arm.clicks, arm.impressions)
+        * (1 - smoothed(arm.clicks, arm.impressions))
+        / arm.impressions
+        for arm in (control, canary)
+    )
+    test.update(
+        mixture_on_estimate(estimate.difference, max(estimate.variance, binomial), tau, alpha)
+    )
+    test.update(
+        cuped_theta=estimate.theta,
+        cuped_variance_reduction=estimate.variance_reduction,
+        cuped_raw_difference=estimate.raw_difference,
+    )
+    return test
 
 
 def analyse(
@@ -316,7 +352,7 @@ def _kpi_check(
     values: dict[str, Value],
 ) -> tuple[Check, SequentialState]:
     ctr_tau = config.mixture_tau * smoothed(control.clicks, control.impressions)
-    ctr = always_valid_ctr(control, canary, ctr_tau, config.alpha)
+    ctr = always_valid_ctr(control, canary, ctr_tau, config.alpha, config.cuped)
     hit_tau = config.mixture_tau * smoothed(control.hits, control.requests)
     hit = mixture_test(
         control.hits,
@@ -332,7 +368,7 @@ def _kpi_check(
         running_min_p_hit_rate=min(state.running_min_p_hit_rate, _float(hit["p_value"])),
         looks=state.looks + 1,
     )
-    values.update({f"ctr_{key}": ctr[key] for key in _REPORTED})
+    values.update({f"ctr_{key}": ctr[key] for key in (*_REPORTED, *_CUPED)})
     values.update({f"hit_rate_{key}": hit[key] for key in _REPORTED})
     values.update(
         ctr_always_valid_p=state.running_min_p,
@@ -365,6 +401,7 @@ _GUARDRAIL_REASON: dict[str, Reason] = {
     "degraded_rate": "degraded_rate",
     "latency": "latency",
 }
+_CUPED = ("cuped_theta", "cuped_variance_reduction", "cuped_raw_difference")
 _REPORTED = (
     "rate_control", "rate_canary", "difference", "variance", "tau", "log_likelihood_ratio",
     "likelihood_ratio", "p_value", "cs_lower", "cs_upper",

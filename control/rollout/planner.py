@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from control.rollout.controller import RolloutPlan
+from control.rollout.cuped import explained_share
 from control.rollout.sequential import variance_to_decide
 from control.rollout.state import ArmCounts
 from services.events.attribution import SERVED
@@ -75,6 +76,8 @@ class Forecast:
     steps: list[StepForecast] = field(default_factory=list)
     decidable: bool = True
     """False when no amount of traffic decides at ``effect`` (it sits on the margin)."""
+    covariate_share: float = 0.0
+    """The share of the users' spread their pre-rollout CTR removes (CUPED; 0: off)."""
 
     @property
     def total_s(self) -> float:
@@ -92,6 +95,11 @@ class Forecast:
             f"items each, CTR {t.ctr:.4g} ({t.clicks} vouched clicks on {t.answers} answers "
             f"in {t.window_s:.0f} s), design effect {t.design_effect:.2f}"
         ]
+        if self.covariate_share > 0:
+            out.append(
+                f"plan: CUPED: users' CTR before the rollout explains about "
+                f"{self.covariate_share:.0%} of their spread (if the recent rate held before it)"
+            )
         if not self.decidable:
             return [*out, "plan: no amount of traffic decides at this difference"]
         for number, step in enumerate(self.steps):
@@ -134,6 +142,11 @@ def forecast(traffic: Traffic, plan: RolloutPlan, effect: float = 0.0) -> Foreca
     config = plan.analysis
     p = min(max(traffic.ctr, 1e-6), 1 - 1e-6)
     per_user = traffic.user_variance > 0 and math.isfinite(traffic.effective_users)
+    share = 0.0  # what the users' pre-rollout CTR explains of their spread (CUPED)
+    if config.cuped and per_user:
+        # items an average user (weighted by activity) saw in the pre-period, at this rate
+        pre_items = traffic.answers_per_s * traffic.items_per_answer * config.cuped_pre_period_s
+        share = explained_share(traffic.user_variance, p, pre_items / traffic.effective_users)
     # one impression's CTR variance: binomial, with the users' spread apart (per_user) or
     # folded into the design effect
     unit = p * (1 - p) * (1.0 if per_user else max(traffic.design_effect, 1.0))
@@ -143,7 +156,7 @@ def forecast(traffic: Traffic, plan: RolloutPlan, effect: float = 0.0) -> Foreca
     # the bound the estimate must clear: the margin (pass), else 0 (fail), whichever is nearer
     distances = [d for d in (difference - margin, -difference) if d > 0]
     if not distances or traffic.answers_per_s <= 0 or traffic.items_per_answer <= 0:
-        return Forecast(traffic, effect, decidable=False)
+        return Forecast(traffic, effect, decidable=False, covariate_share=share)
     allowed = variance_to_decide(max(distances), tau, config.alpha)
     fails = difference < 0 and -difference > difference - margin  # fail is reached first
     rate = traffic.answers_per_s
@@ -155,7 +168,11 @@ def forecast(traffic: Traffic, plan: RolloutPlan, effect: float = 0.0) -> Foreca
         floor = 0.0  # the arms' users differ by chance: what no amount of time removes
         if per_user:
             users = traffic.effective_users
-            floor = traffic.user_variance * (1 / (weight * users) + 1 / ((1 - weight) * users))
+            floor = (
+                (1 - share)
+                * traffic.user_variance
+                * (1 / (weight * users) + 1 / ((1 - weight) * users))
+            )
 
         def variance_after(
             seconds: float,
@@ -184,7 +201,7 @@ def forecast(traffic: Traffic, plan: RolloutPlan, effect: float = 0.0) -> Foreca
         answers = [answers[i] + shares[i] * seconds for i in (0, 1)]
         if fails:  # a failing candidate is rolled back in this step
             break
-    return Forecast(traffic, effect, steps)
+    return Forecast(traffic, effect, steps, covariate_share=share)
 
 
 def _first_time(check: Callable[[float], bool], horizon_s: float = 1e9) -> float:
