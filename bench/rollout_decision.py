@@ -276,6 +276,7 @@ async def main() -> None:
         help="production-only traffic logged before each rollout (the covariate's events)",
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--min-impressions", type=int, default=AnalysisConfig.min_impressions)
     args = parser.parse_args()
     settings = ["off", "on"] if args.cuped == "both" else [args.cuped]
     plans = {
@@ -286,6 +287,7 @@ async def main() -> None:
             step_deadline_s=args.step_deadline_s,
             analysis=AnalysisConfig(
                 non_inferiority_margin=args.margin,
+                min_impressions=args.min_impressions,
                 cuped=setting == "on",
                 cuped_pre_period_s=args.pre_period_s + 60.0,
             ),
@@ -337,6 +339,7 @@ async def main() -> None:
             "interval_s": plan.interval_s,
             "step_deadline_s": plan.step_deadline_s,
             "pre_period_s": args.pre_period_s,
+            "min_impressions": args.min_impressions,
             "seed": args.seed,
         },
         "traffic": {
