@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -94,3 +96,23 @@ def private_redis(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]
 def private_redis_url(private_redis: tuple[str, subprocess.Popen[bytes]]) -> str:
     """The URL of ``private_redis``."""
     return private_redis[0]
+
+
+@asynccontextmanager
+async def app_client(settings: Any, headers: dict[str, str] | None = None) -> AsyncIterator[Any]:
+    """An httpx client on the gateway app built from ``settings``, its lifespan run (the
+    app is on ``client.app``); ``headers`` default to the test feedback key's."""
+    import httpx
+
+    from services.api.app import create_app
+
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(
+            transport=transport,
+            base_url="http://gateway",
+            headers=FEEDBACK_HEADERS if headers is None else headers,
+        ) as http:
+            http.app = app  # type: ignore[attr-defined]
+            yield http

@@ -13,9 +13,8 @@ import pandas as pd
 import pytest
 
 from cli.main import main
-from services.api.app import create_app
 from services.settings import Settings
-from tests.conftest import EXPORTED_TRAINING, FEEDBACK_HEADERS
+from tests.conftest import EXPORTED_TRAINING, app_client
 
 pytestmark = pytest.mark.integration
 
@@ -36,14 +35,8 @@ def shop(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 async def gateway(shop: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[httpx.AsyncClient]:
     monkeypatch.setattr("services.serving.gateway.time.time", lambda: float(AT))
-    app = create_app(Settings(artifacts=shop))
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(
-            transport=transport, base_url="http://g", headers=FEEDBACK_HEADERS
-        ) as http:
-            http.app = app  # type: ignore[attr-defined]
-            yield http
+    async with app_client(Settings(artifacts=shop)) as http:
+        yield http
 
 
 def _customers(count: int) -> list[str]:

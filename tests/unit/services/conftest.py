@@ -9,18 +9,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.api.app import create_app
 from services.settings import Settings
-from tests.conftest import FEEDBACK_HEADERS
+from tests.conftest import app_client
 
 
 @pytest.fixture
 async def client(exported: Path) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(Settings(artifacts=exported, max_body_bytes=4096))
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(
-            transport=transport, base_url="http://gateway", headers=FEEDBACK_HEADERS
-        ) as http:
-            http.app = app  # type: ignore[attr-defined]
-            yield http
+    async with app_client(Settings(artifacts=exported, max_body_bytes=4096)) as http:
+        yield http

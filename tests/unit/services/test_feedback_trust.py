@@ -14,10 +14,9 @@ import pytest
 from prometheus_client import REGISTRY
 from pydantic import SecretStr
 
-from services.api.app import create_app
 from services.api.credentials import fingerprint
 from services.settings import FeedbackSettings, Settings
-from tests.conftest import TEST_FEEDBACK_KEY
+from tests.conftest import TEST_FEEDBACK_KEY, app_client
 
 CLICK = {"user_id": 3, "item_id": 7, "type": "click"}
 
@@ -30,14 +29,9 @@ def _value(name: str, **labels: str) -> float:
 async def _client(
     exported: Path, feedback: FeedbackSettings, headers: dict[str, str] | None = None
 ) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(Settings(artifacts=exported, feedback=feedback))
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(
-            transport=transport, base_url="http://g", headers=headers
-        ) as http:
-            http.app = app  # type: ignore[attr-defined]
-            yield http
+    settings = Settings(artifacts=exported, feedback=feedback)
+    async with app_client(settings, headers or {}) as http:
+        yield http
 
 
 def _bearer(key: str) -> dict[str, str]:

@@ -26,13 +26,12 @@ from core.errors import ArtifactError
 from core.export.repository import sha256
 from core.export.verify import MANIFEST
 from core.ids import ITEM_ID_MAP, MAX_ID_LENGTH, UNKNOWN, USER_ID_MAP, IdMap
-from services.api.app import create_app
 from services.serving.ids import ReleaseIds, ServedIdMap
 from services.serving.release import load_release
 from services.serving.routing import VersionRouter
 from services.serving.rules import Boost, Exclusion, Pin, Rules
 from services.settings import Settings
-from tests.conftest import FEEDBACK_HEADERS
+from tests.conftest import app_client
 
 SKU = "sku-{}"
 FAST = "application/json"  # answered by the short path (services/api/fast_recommend.py)
@@ -79,14 +78,8 @@ def string_export(exported: Path, tmp_path_factory: pytest.TempPathFactory) -> P
 
 @asynccontextmanager
 async def _client(root: Path, **settings: Any) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(Settings(artifacts=root, **settings))
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(
-            transport=transport, base_url="http://g", headers=FEEDBACK_HEADERS
-        ) as http:
-            http.app = app  # type: ignore[attr-defined]
-            yield http
+    async with app_client(Settings(artifacts=root, **settings)) as http:
+        yield http
 
 
 @pytest.fixture
