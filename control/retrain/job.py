@@ -309,7 +309,10 @@ def run_retrain(
                 config,
                 {
                     **info,
-                    "metrics": {"retrieval": retrieval["metrics"], "ranking": ranking["metrics"]},
+                    # a sabotaged export is not the models these metrics measured: none shown
+                    "metrics": {}
+                    if options.sabotage
+                    else {"retrieval": retrieval["metrics"], "ranking": ranking["metrics"]},
                     "training_data": {
                         "split": "holdout",
                         "fractions": list(options.fractions),

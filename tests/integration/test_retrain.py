@@ -150,6 +150,9 @@ def test_a_sabotaged_retrain_is_rejected(setup: dict) -> None:
     desired = RedisDesiredState(URL, NAMESPACE).read()  # pinned: a restart never serves v3
     assert desired is not None and desired.production == 1 and desired.canary is None
     assert RedisRegistry(URL, NAMESPACE).get(3).state == "rejected"
+    manifest = json.loads((setup["root"] / "releases" / "3" / "manifest.json").read_text())
+    assert manifest["metrics"] == {}  # the training's figures are not the sabotaged export's
+    assert manifest["training_data"]["sabotage"] == "shuffled-embeddings"
 
 
 def test_served_answers_are_neither_judged_nor_trained_on(setup: dict) -> None:
