@@ -276,6 +276,9 @@ async def main() -> None:
         help="production-only traffic logged before each rollout (the covariate's events)",
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--cuped-theta", type=float, default=None, help="fixed theta (default: fitted)"
+    )
     parser.add_argument("--min-impressions", type=int, default=AnalysisConfig.min_impressions)
     args = parser.parse_args()
     settings = ["off", "on"] if args.cuped == "both" else [args.cuped]
@@ -290,6 +293,7 @@ async def main() -> None:
                 min_impressions=args.min_impressions,
                 cuped=setting == "on",
                 cuped_pre_period_s=args.pre_period_s + 60.0,
+                cuped_theta=args.cuped_theta,
             ),
         )
         for setting in settings
@@ -340,6 +344,7 @@ async def main() -> None:
             "step_deadline_s": plan.step_deadline_s,
             "pre_period_s": args.pre_period_s,
             "min_impressions": args.min_impressions,
+            "cuped_theta": args.cuped_theta,
             "seed": args.seed,
         },
         "traffic": {

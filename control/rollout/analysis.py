@@ -84,6 +84,9 @@ class AnalysisConfig:
     it: off until measured (docs/benchmarks/rollout_decision.md, 2026-11-26)."""
     cuped_pre_period_s: float = 86_400.0
     """How far before the rollout's start the covariate's events are read (a day)."""
+    cuped_theta: float | None = None
+    """None: ``theta`` fitted pooled over both arms' user clusters at each look; a number:
+    fixed (1 adjusts by the whole pre-period difference; measured, see the benchmark note)."""
     srm_alpha: float = 0.01
     """Level of the sample-ratio test over all looks of a rollout (always valid)."""
     srm_tau: float = 0.075
@@ -148,7 +151,12 @@ class SequentialState:
 
 
 def always_valid_ctr(
-    control: ArmStats, canary: ArmStats, tau: float, alpha: float, cuped: bool = False
+    control: ArmStats,
+    canary: ArmStats,
+    tau: float,
+    alpha: float,
+    cuped: bool = False,
+    theta: float | None = None,
 ) -> dict[str, Value]:
     """The mixture SPRT of one look on CTR (clicks / impressions), ``tau`` in absolute CTR.
 
@@ -167,7 +175,7 @@ def always_valid_ctr(
     test.update(cuped_theta=None, cuped_variance_reduction=None, cuped_raw_difference=None)
     if not cuped or control.cuped is None or canary.cuped is None or test["difference"] is None:
         return test
-    estimate = cuped_difference(control.cuped, canary.cuped)
+    estimate = cuped_difference(control.cuped, canary.cuped, theta)
     if estimate is None:
         return test
     binomial = sum(
@@ -352,7 +360,7 @@ def _kpi_check(
     values: dict[str, Value],
 ) -> tuple[Check, SequentialState]:
     ctr_tau = config.mixture_tau * smoothed(control.clicks, control.impressions)
-    ctr = always_valid_ctr(control, canary, ctr_tau, config.alpha, config.cuped)
+    ctr = always_valid_ctr(control, canary, ctr_tau, config.alpha, config.cuped, config.cuped_theta)
     hit_tau = config.mixture_tau * smoothed(control.hits, control.requests)
     hit = mixture_test(
         control.hits,

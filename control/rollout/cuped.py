@@ -83,10 +83,13 @@ def _linearised(arm: CupedArm) -> tuple[np.ndarray, np.ndarray, float, float, in
     return phi, psi, ratio, pre_ratio, k
 
 
-def cuped_difference(control: CupedArm, canary: CupedArm) -> CupedEstimate | None:
+def cuped_difference(
+    control: CupedArm, canary: CupedArm, theta: float | None = None
+) -> CupedEstimate | None:
     """The canary's CTR minus production's, less ``theta`` times the same difference of
-    their users' pre-period CTRs; ``theta`` minimises the adjusted variance over both arms'
-    units together (pooled). Each arm's variance is the cluster-robust one of
+    their users' pre-period CTRs; ``theta`` (None) minimises the adjusted variance over both
+    arms' units together (pooled), or is the number given (fixed: not fitted on the clusters
+    it adjusts). Each arm's variance is the cluster-robust one of
     ``control.rollout.state.cluster_ratio_variance``, on the adjusted contributions.
 
     None when an arm has fewer than two units with rollout impressions, or when neither arm
@@ -101,8 +104,10 @@ def cuped_difference(control: CupedArm, canary: CupedArm) -> CupedEstimate | Non
     raw_variance = scale0 * float(phi0 @ phi0) + scale1 * float(phi1 @ phi1)
     if spread <= 0.0:
         return None
-    theta = covariance / spread
-    variance = max(0.0, raw_variance - theta * covariance)  # = sum of (phi - theta psi)^2
+    if theta is None:
+        theta = covariance / spread
+    # = the clustered sum of (phi - theta psi)^2 over both arms
+    variance = max(0.0, raw_variance - 2 * theta * covariance + theta * theta * spread)
     covariate_difference = c1 - c0
     return CupedEstimate(
         difference=(r1 - r0) - theta * covariate_difference,

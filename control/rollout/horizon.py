@@ -59,7 +59,7 @@ def sample_factor(control: ArmStats, canary: ArmStats, config: AnalysisConfig) -
         return None
     factors.append(config.min_impressions / least_impressions)
     tau = config.mixture_tau * smoothed(control.clicks, control.impressions)
-    ctr = always_valid_ctr(control, canary, tau, config.alpha, config.cuped)
+    ctr = always_valid_ctr(control, canary, tau, config.alpha, config.cuped, config.cuped_theta)
     difference, variance, base = ctr["difference"], ctr["variance"], ctr["rate_control"]
     if difference is None or variance is None or base is None:
         return None
@@ -92,7 +92,7 @@ def at_horizon(
         which = "production" if step_requests[0] <= 0 else "the canary"
         return Horizon("no_traffic", f"{which} got no answer during the step")
     tau = config.mixture_tau * smoothed(control.clicks, control.impressions)
-    ctr = always_valid_ctr(control, canary, tau, config.alpha, config.cuped)
+    ctr = always_valid_ctr(control, canary, tau, config.alpha, config.cuped, config.cuped_theta)
     lower, upper, base = ctr["cs_lower"], ctr["cs_upper"], ctr["rate_control"]
     interval = None if lower is None or upper is None else (float(lower), float(upper))
     margin = None if base is None else -config.non_inferiority_margin * float(base)

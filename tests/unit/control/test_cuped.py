@@ -193,3 +193,15 @@ def test_the_planner_uses_the_reduced_floor_with_cuped() -> None:
     assert np.isfinite(with_.total_s) and with_.covariate_share > 0.9
     assert any("CUPED" in line for line in with_.lines(3600))
     assert explained_share(0.0, 0.05, 100) == 0.0  # no spread: nothing to explain
+
+
+def test_a_fixed_theta_is_used_as_given_and_its_variance_is_that_of_its_residuals() -> None:
+    rng = np.random.default_rng(8)
+    rate, shown = population(rng)
+    control, canary = split(rng)
+    arms = [arm_of(users, rate, shown, rng) for users in (control, canary)]
+    fitted, fixed = cuped_difference(*arms), cuped_difference(*arms, theta=1.0)
+    assert fitted is not None and fixed is not None
+    assert fixed.theta == 1.0
+    assert fixed.difference == pytest.approx(fixed.raw_difference - fixed.covariate_difference)
+    assert fitted.variance <= fixed.variance < fixed.raw_variance  # fitted: the least
