@@ -54,6 +54,23 @@ class IdMap:
     def __len__(self) -> int:
         return len(self.external)
 
+    @property
+    def unique(self) -> bool:
+        """Whether each id appears once (an integer map always: it holds none)."""
+        return self._index is None or bool(self._index.is_unique)
+
+    def one(self, value: ExternalId) -> int:
+        """The internal id of one external id (``UNKNOWN``: not in the map, or the other
+        kind); the request path's single lookup, without building arrays."""
+        if self._index is None:
+            return value if type(value) is int and value > 0 else UNKNOWN
+        if not isinstance(value, str):
+            return UNKNOWN
+        try:
+            return int(self._index.get_loc(value)) + 1  # row i holds internal id i + 1
+        except KeyError:
+            return UNKNOWN
+
     def extended(self, values: Iterable[str]) -> IdMap:
         """This map plus the ``values`` it lacks, appended (existing ids keep theirs)."""
         if self.kind == "int":
@@ -76,10 +93,11 @@ class IdMap:
 
     def to_external(self, internal: Iterable[int]) -> list[ExternalId]:
         """The external ids of internal ids (which must be known)."""
-        ids = np.asarray(list(internal), dtype=np.int64)
+        ids = np.asarray(internal if isinstance(internal, np.ndarray) else list(internal))
+        ids = ids.astype(np.int64, copy=False)
         if self.kind == "int":
-            return [int(i) for i in ids]
-        return self.external[ids - 1].tolist()
+            return list(ids.tolist())
+        return list(self.external[ids - 1].tolist())
 
     def save(self, path: Path) -> None:
         """Write the map (string maps only; the identity needs no file)."""

@@ -11,17 +11,16 @@ kinds: the string ``"42"`` names no item of an integer data set.
 
 from __future__ import annotations
 
-from collections.abc import Container, Sequence
+from collections.abc import Container
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
 import numpy as np
-import pandas as pd
 from pydantic import BeforeValidator, Field
 
 from core.errors import ArtifactError
-from core.ids import ITEM_ID_MAP, MAX_ID_LENGTH, UNKNOWN, USER_ID_MAP, ExternalId, IdMap
+from core.ids import ITEM_ID_MAP, MAX_ID_LENGTH, USER_ID_MAP, IdMap
 
 # The largest integer id accepted: a round bound just under int64's 2**63 - 1 (9.22e18) that
 # is exactly a double whose shortest decimal form is itself, so every JSON parser, including
@@ -54,66 +53,17 @@ Id = Annotated[
 ]
 
 
-class ServedIdMap:
-    """One of a release's id maps (``core.ids.IdMap``) as the request path uses it: the same
-    answers as ``IdMap.to_internal`` (an integer map knows every positive integer and no
-    string; a string map its strings and no integer), with lookups in microseconds. They go
-    through an object-dtype index of the map's values: with pandas' string dtype (what a
-    plain ``pd.Index`` of strings infers), looking up a request's few ids converts the whole
-    index on every call."""
-
-    def __init__(self, ids: IdMap) -> None:
-        self.ids = ids
-        self._index = pd.Index(ids.external, dtype=object) if ids.kind == "str" else None
-
-    @property
-    def kind(self) -> str:
-        return self.ids.kind
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    @property
-    def unique(self) -> bool:
-        """Whether each id appears once (computing it builds the lookup table)."""
-        return self._index is None or bool(self._index.is_unique)
-
-    def one(self, value: ExternalId) -> int:
-        """The internal id of one external id (``UNKNOWN``: not in the map)."""
-        if self._index is None:
-            return value if type(value) is int and value > 0 else UNKNOWN
-        if not isinstance(value, str):
-            return UNKNOWN
-        try:
-            return int(self._index.get_loc(value)) + 1  # row i holds internal id i + 1
-        except KeyError:
-            return UNKNOWN
-
-    def to_internal(self, values: Sequence[ExternalId]) -> np.ndarray:
-        """Internal ids (int64) of external ``values``; ``UNKNOWN`` for those not in the map."""
-        if self._index is None:
-            return np.fromiter((self.one(v) for v in values), np.int64, len(values))
-        strings = pd.Index([v if isinstance(v, str) else None for v in values], dtype=object)
-        return self._index.get_indexer(strings).astype(np.int64) + 1  # -1 (absent) -> 0
-
-    def to_external(self, internal: np.ndarray) -> list[ExternalId]:
-        """The external ids of known internal ids, as JSON-ready Python values."""
-        if self._index is None:
-            return list(np.asarray(internal, dtype=np.int64).tolist())
-        return self.ids.to_external(internal)
-
-
 @dataclass(frozen=True)
 class ReleaseIds:
     """A release's user and item id maps (``online/user_ids.parquet``, ``item_ids.parquet``;
     the identity where a file is absent: integer data sets)."""
 
-    users: ServedIdMap
-    items: ServedIdMap
+    users: IdMap
+    items: IdMap
 
     @classmethod
     def identity(cls) -> ReleaseIds:
-        return cls(ServedIdMap(IdMap.identity()), ServedIdMap(IdMap.identity()))
+        return cls(IdMap.identity(), IdMap.identity())
 
     @classmethod
     def load(cls, online: Path, catalog: np.ndarray, unlisted: Container[Path] = ()) -> ReleaseIds:
@@ -123,7 +73,7 @@ class ReleaseIds:
         is not served, as no unlisted file is (``core.export.verify``). The lookup tables are
         built here, not on the first request."""
         users, items = (
-            ServedIdMap(IdMap.identity() if path in unlisted else IdMap.load(path))
+            IdMap.identity() if path in unlisted else IdMap.load(path)
             for path in (online / USER_ID_MAP, online / ITEM_ID_MAP)
         )
         for name, served in ((USER_ID_MAP, users), (ITEM_ID_MAP, items)):

@@ -36,8 +36,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from core.errors import ConfigError
-from core.ids import UNKNOWN, ExternalId
-from services.serving.ids import Id, ServedIdMap
+from core.ids import UNKNOWN, ExternalId, IdMap
+from services.serving.ids import Id
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class Rules(_Strict):
     pinned: list[Pin] = []
     exploration: Exploration = Exploration()
 
-    def for_items(self, items: ServedIdMap, release: str) -> Rules:
+    def for_items(self, items: IdMap, release: str) -> Rules:
         """These rules with a release's internal item ids (``items``: its item map) in place
         of the data set's ids; ids the release does not know are dropped (one log line with
         their count, naming ``release``)."""

@@ -26,7 +26,7 @@ from core.errors import ArtifactError
 from core.export.repository import sha256
 from core.export.verify import MANIFEST
 from core.ids import ITEM_ID_MAP, MAX_ID_LENGTH, UNKNOWN, USER_ID_MAP, IdMap
-from services.serving.ids import ReleaseIds, ServedIdMap
+from services.serving.ids import ReleaseIds
 from services.serving.release import load_release
 from services.serving.routing import VersionRouter
 from services.serving.rules import Boost, Exclusion, Pin, Rules
@@ -118,7 +118,7 @@ async def _stored(client: httpx.AsyncClient) -> list[dict[str, str]]:
 
 
 def test_a_string_map_knows_its_strings_and_nothing_else() -> None:
-    ids = ServedIdMap(IdMap.of(["a", "é" * MAX_ID_LENGTH, "42"]))
+    ids = IdMap.of(["a", "é" * MAX_ID_LENGTH, "42"])
     assert ids.to_internal(["a", "é" * MAX_ID_LENGTH, "42", "b", 42, 1]).tolist() == [
         1,
         2,
@@ -133,7 +133,7 @@ def test_a_string_map_knows_its_strings_and_nothing_else() -> None:
 
 
 def test_an_integer_map_is_the_identity_and_knows_no_string() -> None:
-    ids = ServedIdMap(IdMap.identity())
+    ids = IdMap.identity()
     assert ids.to_internal([7, "7", 0, 2**62]).tolist() == [7, UNKNOWN, UNKNOWN, 2**62]
     assert [ids.one(7), ids.one("7")] == [7, UNKNOWN]
     assert ids.to_external(np.array([5, 9])) == [5, 9]
@@ -174,7 +174,7 @@ def test_rules_are_mapped_to_internal_ids_and_unknown_ones_dropped(
         boosts=[Boost(item_ids=["sku-3"], factor=2.0)],
         pinned=[Pin(item_id="sku-1", position=0), Pin(item_id="nope", position=1)],
     )
-    items = ServedIdMap(IdMap.of(["sku-1", "sku-2", "sku-3"]))
+    items = IdMap.of(["sku-1", "sku-2", "sku-3"])
     with caplog.at_level(logging.WARNING, logger="services.serving.rules"):
         mapped = rules.for_items(items, "release 7")
     assert mapped.exclude[0].item_ids == [2]
@@ -183,7 +183,7 @@ def test_rules_are_mapped_to_internal_ids_and_unknown_ones_dropped(
     [line] = [r.getMessage() for r in caplog.records]
     assert line == "rules: 3 item ids unknown to release 7 are ignored"
     integer_rules = Rules(pinned=[Pin(item_id=5, position=0)])
-    assert integer_rules.for_items(ServedIdMap(IdMap.identity()), "release 1") == integer_rules
+    assert integer_rules.for_items(IdMap.identity(), "release 1") == integer_rules
 
 
 # -- /v1/recommend --------------------------------------------------------------------------
@@ -317,9 +317,7 @@ async def test_each_version_answers_with_its_own_map(
     gateway = strings.app.state.gateway  # type: ignore[attr-defined]
     release = gateway.releases[1]
     n = len(release.ids.items)
-    other = ReleaseIds(
-        release.ids.users, ServedIdMap(IdMap("str", [f"v2-{i}" for i in range(1, n + 1)]))
-    )
+    other = ReleaseIds(release.ids.users, IdMap("str", [f"v2-{i}" for i in range(1, n + 1)]))
     gateway.releases[2] = dataclasses.replace(release, version=2, ids=other)
     gateway.router = VersionRouter(1, canary=2, canary_percent=0.0)
     v1 = await _recommend(strings, user_id="user-3", k=5, model_version=1)
