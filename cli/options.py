@@ -18,6 +18,7 @@ import annotated_types
 from pydantic import BaseModel, ValidationError
 
 from core.errors import UsageError
+from pipelines.config import BUILT_IN
 
 Parse = Callable[[str], Any]
 
@@ -185,9 +186,7 @@ def add_dataset_options(
     """``--dataset`` (a built-in data set) or ``--data`` (a team's own, by its dataset file),
     one or the other; ``dataset_source`` reads the choice (None: neither, and no default)."""
     source = parser.add_mutually_exclusive_group()
-    source.add_argument(
-        "--dataset", choices=["movielens", "synthetic"], default=default, help=built_in_help
-    )
+    source.add_argument("--dataset", choices=list(BUILT_IN), default=default, help=built_in_help)
     source.add_argument(
         "--data",
         type=Path,

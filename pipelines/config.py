@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 # The pipeline's steps, in order (here, not in pipelines.pipeline, so that the CLI can list
 # them without importing the training stack).
+BUILT_IN = ("movielens", "synthetic")  # the data sets --dataset names (no dataset file)
 STEPS = ("prepare", "retrieval", "ranking", "export")
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from core.errors import ArtifactError, ConfigError
-from pipelines.config import STEPS, TrainConfig
+from pipelines.config import BUILT_IN, STEPS, TrainConfig
 from pipelines.data.dataset_file import load_dataset_file
 from pipelines.data.ingest import ingest, load_ingested
 from pipelines.data.movielens import load_movielens_100k
@@ -44,9 +44,9 @@ def load_dataset(
 ) -> RawDataset:
     """A built-in data set by name (``movielens``, ``synthetic``), or a team's own data by
     the path of its dataset file (read and checked into ``workdir``/data first)."""
-    if name == "movielens":
+    if name == BUILT_IN[0]:
         return load_movielens_100k()
-    if name == "synthetic":
+    if name == BUILT_IN[1]:
         users, items, interactions = synthetic_size
         return make_synthetic(users, items, interactions, seed=seed)
     if name.endswith((".yaml", ".yml")) or Path(name).is_file():
@@ -72,7 +72,7 @@ def load_data_file(path: Path, workdir: Path) -> RawDataset:
 def _source(dataset: str) -> str:
     """What the data came from: a built-in name, or the dataset file's absolute path (so
     `cascade retrain` reads the same data)."""
-    return dataset if dataset in ("movielens", "synthetic") else str(Path(dataset).resolve())
+    return dataset if dataset in BUILT_IN else str(Path(dataset).resolve())
 
 
 def split_for(raw: RawDataset, config: TrainConfig, method: str = SPLIT_METHOD) -> Split:

@@ -50,12 +50,18 @@ def weighted(path: Path) -> bool:
     return WEIGHT in pq.ParquetFile(path).schema_arrow.names
 
 
-def ranking_inputs(path: Path, schema: FeatureSchema) -> dict[str, np.ndarray]:
-    """A whole split as ``sparse [n, T]`` int64, ``dense [n, D]`` float32, ``label [n]``
-    and, when it has them, ``weight [n]``."""
+def split_groups(path: Path, schema: FeatureSchema) -> dict[str, list[str]]:
+    """``ranking_groups`` of the split at ``path``, with its ``weight`` when it has one."""
     groups = ranking_groups(schema)
     if weighted(path):
         groups[WEIGHT] = [WEIGHT]
+    return groups
+
+
+def ranking_inputs(path: Path, schema: FeatureSchema) -> dict[str, np.ndarray]:
+    """A whole split as ``sparse [n, T]`` int64, ``dense [n, D]`` float32, ``label [n]``
+    and, when it has them, ``weight [n]``."""
+    groups = split_groups(path, schema)
     names = {
         out: [c for g in group for c in column_names(path, g)] for out, group in groups.items()
     }
@@ -97,12 +103,9 @@ def train_dlrm(
     kept epoch's validation logits (computed when it was validated, not a second time: at
     1M items a pass over the validation rows takes seconds)."""
     train_path = workdir / "ranking_train.parquet"
-    groups = ranking_groups(schema)
-    if weighted(train_path):
-        groups[WEIGHT] = [WEIGHT]
     loader = ParquetBatchLoader(
         [train_path],
-        groups,
+        split_groups(train_path, schema),
         config.dlrm_batch,
         dtypes={"sparse": torch.int64},
         seed=config.seed,
