@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import statistics
 import sys
@@ -37,16 +36,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pydantic import PrivateAttr
 
 from control.registry import FileRegistry
-from control.rollout.analysis import AnalysisConfig, ArmStats
+from control.rollout.analysis import AnalysisConfig
 from control.rollout.controller import RolloutController, RolloutPlan
-from control.rollout.cuped import Covariates, CupedArm, read_pre_period
 from control.rollout.planner import forecast, traffic_of
-from control.rollout.state import ArmCounts, FileRolloutLog, RolloutRecord, user_cluster
+from control.rollout.state import ArmCounts, FileRolloutLog
 from services.state.desired_state import FileDesiredState
-from services.stores.base import stream_id_key
 from services.stores.memory import InMemoryStore
 from tests.unit.control.fake_exports import production_and_candidate
 
@@ -120,50 +116,6 @@ async def log_events(
         await store.append_feedback(clicks, max_len=10**8, idempotency_ttl_s=10**6)
 
 
-class WithCovariate(ArmCounts):
-    """An arm's counts whose stats carry the CUPED covariate (the bench's wiring, below)."""
-
-    _covariate: CupedArm | None = PrivateAttr(default=None)
-
-    def stats(self) -> ArmStats:
-        return dataclasses.replace(super().stats(), cuped=self._covariate)
-
-
-class CupedController(RolloutController):
-    """The controller with the pre-period covariate attached to its arms' stats: reads the
-    streams before the rollout's start once (``read_pre_period``), and after each look's
-    reading the users each arm served in it. The bench's wiring of ``control.rollout.cuped``
-    (the controller itself does not carry the covariate yet)."""
-
-    covariates: Covariates | None = None
-
-    async def _read_streams(self, record: RolloutRecord) -> None:
-        if self.covariates is None:
-            start = f"{int(record.started_at * 1000)}-0"  # as RolloutController.start
-            window = self.plan.analysis.cuped_pre_period_s
-            self.covariates = Covariates(pre=await read_pre_period(self.store, start, window))
-        cursor = record.cursors["impressions"]
-        await super()._read_streams(record)
-        names = {str(record.production): "control", str(record.version): "canary"}
-        end = stream_id_key(record.cursors["impressions"])
-        while True:
-            entries = await self.store.read_stream("impressions", cursor, 10_000)
-            for stream_id, fields in entries:
-                if stream_id_key(stream_id) > end:
-                    break
-                cursor = stream_id
-                arm = names.get(fields.get("model_version", ""))
-                if arm is not None:
-                    user = fields.get("user_id", "")
-                    self.covariates.see(arm, user, user_cluster(user))
-            if len(entries) < 10_000 or stream_id_key(cursor) >= end:
-                break
-        for name in ("control", "canary"):
-            counts = WithCovariate(**record.arm(name).model_dump())
-            counts._covariate = self.covariates.arm(name, counts.clusters[2], counts.clusters[1])
-            record.arms[name] = counts
-
-
 async def one_rollout(
     plan: RolloutPlan,
     users: Users,
@@ -180,7 +132,7 @@ async def one_rollout(
         await log_events(store, pre_period)  # production only, before the rollout
         await asyncio.sleep(0.002)
         clock.now = time.time()  # the start cursor follows the pre-period's stream ids
-        controller = CupedController(
+        controller = RolloutController(
             root,
             FileRegistry(root / "registry.json"),
             FileDesiredState(root / "rollout" / "desired.json"),

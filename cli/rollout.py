@@ -134,6 +134,25 @@ def add_rollout_parser(commands: Any) -> None:
         "fixed-horizon test shows non-inferior at --margin (reason non_inferior)",
     )
     parser.add_argument(
+        "--cuped",
+        action="store_true",
+        help="adjust the CTR test by each user's CTR before the rollout (CUPED: decides "
+        "sooner on a fixed user population; off by default, see docs/continuous-training.md)",
+    )
+    parser.add_argument(
+        "--cuped-pre-period-s",
+        type=opt.positive_float,
+        default=analysis.cuped_pre_period_s,
+        help="with --cuped: seconds of logged traffic before the start that give each user's CTR",
+    )
+    parser.add_argument(
+        "--cuped-theta",
+        type=opt.positive_float,
+        default=analysis.cuped_theta,
+        help="with --cuped: a fixed adjustment coefficient (1: the whole pre-period "
+        "difference); default fitted at each look",
+    )
+    parser.add_argument(
         "--force",
         action="store_true",
         help="roll out a version the gate rejected or never saw (recorded)",
@@ -206,6 +225,9 @@ def _plan(args: argparse.Namespace) -> RolloutPlan:
         non_inferiority_margin=args.margin,
         min_impressions=args.min_impressions,
         min_requests=args.min_requests,
+        cuped=args.cuped,
+        cuped_pre_period_s=args.cuped_pre_period_s,
+        cuped_theta=args.cuped_theta,
     )
     return RolloutPlan(
         args.steps,

@@ -52,8 +52,9 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from control.registry import Registry, RegistryUnavailable, VersionState, adopt_served
 from control.rollout.analysis import AnalysisConfig, Decision, SequentialState, analyse
+from control.rollout.cuped import Covariates, read_pre_period
 from control.rollout.horizon import at_horizon
-from control.rollout.state import OperatorRequest, RolloutLog, RolloutRecord
+from control.rollout.state import OperatorRequest, RolloutLog, RolloutRecord, user_cluster
 from core.errors import CascadeError
 from services.errors import DependencyUnavailable
 from services.events.attribution import SERVED
@@ -175,6 +176,8 @@ class RolloutController:
         self.looked_at: float | None = None  # clock time of the last complete look
         self.outage_s = 0.0  # outage time not yet taken off the step's clocks
         self.last: RolloutRecord | None = None  # the last record read (shown while paused)
+        # CUPED: (rollout id, each user's pre-rollout [clicks, items shown]), read once
+        self._pre_period: tuple[str, dict[str, list[int]]] | None = None
 
     # -- starting -------------------------------------------------------------------------
 
@@ -262,6 +265,8 @@ class RolloutController:
         behind = self._replicas_behind()
         if not behind:
             self._routing_applied(record)
+        if self.plan.analysis.cuped:
+            await self._attach_covariates(record)
         await self._read_streams(record)
         problem = self._deployment_problem(record)
         if problem is not None:
@@ -285,8 +290,8 @@ class RolloutController:
             return
         control_n, canary_n, weight, srm_variance = record.split_test_counts()
         decision, state = analyse(
-            record.arm("control").stats(),
-            record.arm("canary").stats(),
+            record.arm_stats("control"),
+            record.arm_stats("canary"),
             weight,
             self.plan.analysis,
             SequentialState(**record.sequential),
@@ -351,8 +356,8 @@ class RolloutController:
             canary.requests - record.step_requests.get("canary", 0),
         )
         horizon = at_horizon(
-            control.stats(),
-            canary.stats(),
+            record.arm_stats("control"),
+            record.arm_stats("canary"),
             step,
             self.plan.analysis,
             self.clock() - record.started_at,
@@ -367,8 +372,20 @@ class RolloutController:
         else:
             self._finish(record, rolled_back=True, reason="inconclusive", detail=horizon.detail)
 
+    async def _attach_covariates(self, record: RolloutRecord) -> None:
+        """CUPED's covariate: each user's vouched CTR in the streams before the rollout's
+        start, read once per rollout and kept in memory (after a restart, read again)."""
+        if self._pre_period is None or self._pre_period[0] != record.id:
+            start = f"{int(record.started_at * 1000)}-0"  # the start cursor (see start)
+            window = self.plan.analysis.cuped_pre_period_s
+            self._pre_period = (record.id, await read_pre_period(self.store, start, window))
+        if record.covariates is None:
+            record.covariates = Covariates()
+        record.covariates.pre = self._pre_period[1]
+
     async def _read_streams(self, record: RolloutRecord) -> None:
         arms = {record.production: record.arm("control"), record.version: record.arm("canary")}
+        names = {record.production: "control", record.version: "canary"}
         while True:
             entries = await self.store.read_stream(
                 "impressions", record.cursors["impressions"], READ_BATCH
@@ -381,7 +398,10 @@ class RolloutController:
                 if arm is None:
                     continue
                 reasons = fields.get("reasons", "").split()
-                arm.add_request(fields.get("user_id", ""), len(fields.get("items", "").split()))
+                user = fields.get("user_id", "")
+                arm.add_request(user, len(fields.get("items", "").split()))
+                if record.covariates is not None:
+                    record.covariates.see(names[version], user, user_cluster(user))
                 arm.degraded += bool(reasons)
                 arm.errors += any(r.endswith(ERROR_REASONS) for r in reasons)
                 latencies[version].append(_float(fields.get("latency_ms")))

@@ -151,8 +151,9 @@ class Covariates(BaseModel):
     """Pre-period counts per user, and their sums per arm and user cluster over the users
     each arm has served so far (a user is added to an arm once, at their first answer)."""
 
-    pre: dict[str, list[int]] = Field(default_factory=dict)
-    """user -> [vouched clicks, items shown] before the rollout's start."""
+    pre: dict[str, list[int]] = Field(default_factory=dict, exclude=True)
+    """user -> [vouched clicks, items shown] before the rollout's start (not saved: it can
+    be large, and ``read_pre_period`` reads it again from the streams)."""
     seen: dict[str, list[str]] = Field(default_factory=dict)
     """arm -> users it has served."""
     sums: dict[str, list[list[int]]] = Field(default_factory=dict)

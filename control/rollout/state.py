@@ -11,6 +11,7 @@ holds the ``rollout`` lock honours at its next look.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -23,6 +24,7 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from control.rollout.analysis import ArmStats
+from control.rollout.cuped import Covariates
 from services.util.redis_client import sync_client
 
 Status = Literal["running", "promoted", "rolled_back"]
@@ -169,6 +171,8 @@ class RolloutRecord(BaseModel):
     # by the canary share that assigned the answers ("0.05"): see SplitCounts
     splits: dict[str, SplitCounts] = Field(default_factory=dict)
     sequential: dict[str, Any] = Field(default_factory=dict)
+    # CUPED (AnalysisConfig.cuped): the users each arm served and their pre-rollout sums
+    covariates: Covariates | None = None
     looks: int = 0
     last_decision: dict[str, Any] | None = None
 
@@ -178,6 +182,15 @@ class RolloutRecord(BaseModel):
 
     def arm(self, name: str) -> ArmCounts:
         return self.arms.setdefault(name, ArmCounts())
+
+    def arm_stats(self, name: str) -> ArmStats:
+        """The arm's stats, carrying its users' pre-rollout CTR when CUPED is on."""
+        arm = self.arm(name)
+        stats = arm.stats()
+        if self.covariates is None:
+            return stats
+        covariate = self.covariates.arm(name, arm.clusters[2], arm.clusters[1])
+        return dataclasses.replace(stats, cuped=covariate)
 
     def split(self, share: str) -> SplitCounts:
         return self.splits.setdefault(share, SplitCounts())

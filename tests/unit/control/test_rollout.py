@@ -3,7 +3,11 @@ state): every outcome, resumption, refusals and manual actions (issue 10)."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import json
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -457,3 +461,46 @@ async def test_forged_clicks_do_not_change_a_canarys_decision(
     flooded = await _worse_canary(tmp_path / "flooded", flood=True)
     assert quiet[:2] == ("rolled_back", "kpi_worse")
     assert flooded == quiet
+
+
+async def test_with_cuped_the_controller_adjusts_by_the_users_ctr_before_the_start(
+    artifacts: Path,
+) -> None:
+    store, rng = InMemoryStore(), np.random.default_rng(11)
+    await _traffic(store, rng, 0.0, {1: 0.05, 2: 0.05}, answers=400)  # before: production only
+    await asyncio.sleep(0.003)
+    clock = Clock()
+    clock.now = time.time()  # the start cursor falls after the pre-period's stream ids
+    analysis = dataclasses.replace(ANALYSIS, cuped=True)
+    first = _controller(artifacts, store, clock, analysis=analysis)
+    first.start(2)
+    await asyncio.sleep(0.003)
+    await _traffic(store, rng, 0.5, {1: 0.05, 2: 0.05}, answers=400)
+    record = await first.look()
+    assert record is not None and record.covariates is not None
+    assert record.last_decision is not None
+    assert record.last_decision["values"]["ctr_cuped_theta"] is not None
+    served = {arm: len(users) for arm, users in record.covariates.seen.items()}
+    assert sum(served.values()) == 400  # every user once, in the arm that served them
+    # the record keeps who each arm served, not the pre-period itself (read again on resume)
+    saved = json.loads((artifacts / "rollout" / "state.json").read_text())
+    assert "pre" not in saved["covariates"] and saved["covariates"]["seen"]
+
+    second = _controller(artifacts, store, clock, analysis=analysis)  # the first was killed
+    second.start(2)
+    after = await second.look()
+    assert after is not None and after.covariates is not None
+    assert after.last_decision is not None
+    assert after.last_decision["values"]["ctr_cuped_theta"] is not None
+    assert {arm: len(users) for arm, users in after.covariates.seen.items()} == served
+
+
+async def test_without_cuped_the_record_carries_no_covariate(artifacts: Path) -> None:
+    store, clock, rng = InMemoryStore(), Clock(), np.random.default_rng(12)
+    controller = _controller(artifacts, store, clock)
+    controller.start(2)
+    await _traffic(store, rng, 0.5, {1: 0.05, 2: 0.05}, answers=400)
+    record = await controller.look()
+    assert record is not None and record.covariates is None
+    assert record.last_decision is not None
+    assert record.last_decision["values"]["ctr_cuped_theta"] is None
