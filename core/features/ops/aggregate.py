@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 
 from core.features.ops.base import Columns, MeanTableOp, lookup
+from core.features.ops.exact_sum import ExactSums
 
 
 class GroupMean(MeanTableOp):
@@ -37,17 +39,26 @@ class GroupMean(MeanTableOp):
     def outputs(self) -> list[str]:
         return [self.name]
 
-    def fit(self, columns: Columns) -> None:
+    def partial_fit(self, columns: Columns) -> tuple[ExactSums, np.ndarray]:
+        """Exact sums and counts of the known values per id in these rows."""
         self._require(columns)
         ids = np.asarray(columns[self.key], dtype=np.int64)
         values = np.asarray(columns[self.value], dtype=np.float64)
         known = ~np.isnan(values)
         ids, values = ids[known], values[known]
-        self.prior = float(values.mean()) if len(values) else 0.0
         size = int(ids.max()) + 1 if len(ids) else 1
-        sums = np.bincount(ids, weights=values, minlength=size)
-        counts = np.bincount(ids, minlength=size)
-        self.means = np.where(counts > 0, sums / np.maximum(counts, 1), self.prior).astype(
+        return ExactSums.of(ids, values, size), np.bincount(ids, minlength=size)
+
+    def combine(self, parts: Sequence[tuple[ExactSums, np.ndarray]]) -> None:
+        size = max(len(counts) for _, counts in parts)
+        sums = ExactSums.merge([s for s, _ in parts], size)
+        counts = np.zeros(size, dtype=np.int64)
+        for _, part in parts:
+            counts[: len(part)] += part
+        known = int(counts.sum())
+        total = sums.regrouped(np.zeros(len(sums.keys), np.int64), 1).fractions()[0]
+        self.prior = float(total / known) if known else 0.0
+        self.means = np.where(counts > 0, sums.floats() / np.maximum(counts, 1), self.prior).astype(
             np.float32
         )
 

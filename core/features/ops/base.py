@@ -5,11 +5,17 @@ the same shape offline (millions of rows) and online (one user x a few hundred c
 so one implementation serves both. Ops are fitted on training rows, then ``transform`` adds
 their output columns. State is plain JSON config plus named numpy arrays, so a saved
 workflow needs no pickle.
+
+Fitting is statistics from parts, merged: ``partial_fit`` summarises some rows, ``combine``
+fits from the summaries of all of them. ``fit`` is the one-part case, and a cluster fits
+partitions where they lie and combines their summaries; each op's ``combine`` is exact
+(counts, sets, exact float sums), so both give the same fitted op.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -39,9 +45,18 @@ class FeatureOp(ABC):
     def outputs(self) -> list[str]:
         """Columns this op writes."""
 
-    @abstractmethod
     def fit(self, columns: Columns) -> None:
         """Learn state from training rows."""
+        self.combine([self.partial_fit(columns)])
+
+    @abstractmethod
+    def partial_fit(self, columns: Columns) -> Any:
+        """A summary of these training rows (picklable), for ``combine``."""
+
+    @abstractmethod
+    def combine(self, parts: Sequence[Any]) -> None:
+        """Learn state from the ``partial_fit`` summaries of all training rows, in any
+        grouping and order."""
 
     @abstractmethod
     def transform(self, columns: Columns) -> Columns:

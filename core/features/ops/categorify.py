@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -66,18 +67,34 @@ class Categorify(FeatureOp):
         assert self.vocabulary is not None, "fit first"
         return len(self.vocabulary) + FIRST_ID
 
-    def fit(self, columns: Columns) -> None:
+    def partial_fit(self, columns: Columns) -> tuple[np.ndarray, np.ndarray]:
+        """The distinct non-null keys of these rows, sorted, and how often each occurs."""
         self._require(columns)
         values = columns[self.column]
         found = distinct(values, exact_text=not self.numeric)
         if found is None:
             keys, null = _keys(values, self.numeric)
             uniques, counts = np.unique(keys[~null], return_counts=True)
-        else:  # the keys of the distinct values, each counted as often as it occurs
-            keys, null = _keys(found[0], self.numeric)
-            rows = np.bincount(found[1], minlength=len(keys))
-            uniques, which = np.unique(keys[~null], return_inverse=True)
-            counts = np.bincount(which.reshape(-1), weights=rows[~null], minlength=len(uniques))
+            return uniques, counts.astype(np.int64)
+        # the keys of the distinct values, each counted as often as it occurs
+        keys, null = _keys(found[0], self.numeric)
+        rows = np.bincount(found[1], minlength=len(keys))
+        uniques, which = np.unique(keys[~null], return_inverse=True)
+        counts = np.bincount(which.reshape(-1), weights=rows[~null], minlength=len(uniques))
+        return uniques, counts.astype(np.int64)
+
+    def combine(self, parts: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
+        if len(parts) == 1:
+            uniques, counts = parts[0]
+        else:
+            uniques, which = np.unique(
+                np.concatenate([keys for keys, _ in parts]), return_inverse=True
+            )
+            counts = np.bincount(
+                which.reshape(-1),
+                weights=np.concatenate([c for _, c in parts]),
+                minlength=len(uniques),
+            )
         self.vocabulary = uniques[counts >= self.min_frequency]
 
     def transform(self, columns: Columns) -> Columns:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -26,9 +27,16 @@ class CountEncode(FeatureOp):
     def outputs(self) -> list[str]:
         return [f"{self.column}_count"]
 
-    def fit(self, columns: Columns) -> None:
+    def partial_fit(self, columns: Columns) -> np.ndarray:
+        """Occurrences of each id in these rows."""
         self._require(columns)
-        self.counts = np.log1p(np.bincount(columns[self.column])).astype(np.float32)
+        return np.bincount(columns[self.column])
+
+    def combine(self, parts: Sequence[np.ndarray]) -> None:
+        total = np.zeros(max((len(p) for p in parts), default=0), dtype=np.int64)
+        for counts in parts:
+            total[: len(counts)] += counts
+        self.counts = np.log1p(total).astype(np.float32)
 
     def transform(self, columns: Columns) -> Columns:
         self._require(columns)

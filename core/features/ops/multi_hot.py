@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -28,12 +29,16 @@ class MultiHot(FeatureOp):
     def outputs(self) -> list[str]:
         return [f"{self.column}_multi_hot", f"{self.column}_first_idx"]
 
-    def fit(self, columns: Columns) -> None:
+    def partial_fit(self, columns: Columns) -> set[str]:
+        """The listed names found in these rows."""
         self._require(columns)
         values = np.asarray(columns[self.column], dtype=object)
         found = distinct(values)
         texts = (values if found is None else found[0]).astype(str)
-        names = {name for joined in np.unique(texts) for name in joined.split(self.separator)}
+        return {name for joined in np.unique(texts) for name in joined.split(self.separator)}
+
+    def combine(self, parts: Sequence[set[str]]) -> None:
+        names = set().union(*parts)
         self.vocabulary = np.asarray(sorted(name for name in names if name), dtype=str)
 
     def transform(self, columns: Columns) -> Columns:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 
 from core.features.ops.base import Columns, FeatureOp
+from core.features.ops.exact_sum import ExactSums
 
 
 class Standardize(FeatureOp):
@@ -32,10 +34,32 @@ class Standardize(FeatureOp):
         self._require(columns)
         return np.stack([np.asarray(columns[c], dtype=np.float32) for c in self.columns], axis=1)
 
-    def fit(self, columns: Columns) -> None:
-        matrix = self._stack(columns)
-        self.mean = matrix.mean(axis=0)
-        std = matrix.std(axis=0)
+    def partial_fit(self, columns: Columns) -> tuple[int, ExactSums, ExactSums]:
+        """Row count, and exact sums of each column's float32 values and of their squares
+        (a float32's square is exact in float64)."""
+        matrix = self._stack(columns).astype(np.float64)
+        which = np.broadcast_to(np.arange(matrix.shape[1]), matrix.shape).reshape(-1)
+        n = len(self.columns)
+        return (
+            len(matrix),
+            ExactSums.of(which, matrix.reshape(-1), n),
+            ExactSums.of(which, np.square(matrix).reshape(-1), n),
+        )
+
+    def combine(self, parts: Sequence[tuple[int, ExactSums, ExactSums]]) -> None:
+        """Mean and population standard deviation from exact sums, each rounded once."""
+        rows = sum(part[0] for part in parts)
+        n = len(self.columns)
+        sums = ExactSums.merge([part[1] for part in parts], n).fractions()
+        squares = ExactSums.merge([part[2] for part in parts], n).fractions()
+        if rows == 0:
+            raise ValueError(f"{self.kind} needs at least one training row")
+        means = [total / rows for total in sums]
+        variances = [
+            square / rows - mean * mean for square, mean in zip(squares, means, strict=True)
+        ]
+        self.mean = np.asarray([float(m) for m in means], dtype=np.float32)
+        std = np.sqrt(np.asarray([float(v) for v in variances], dtype=np.float64))
         self.scale = np.where(std > 1e-6, std, 1.0).astype(np.float32)
 
     def transform(self, columns: Columns) -> Columns:

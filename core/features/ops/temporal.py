@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -33,8 +34,12 @@ class Temporal(FeatureOp):
     def outputs(self) -> list[str]:
         return ["hour", "weekday"] if self.year is None else ["hour", "weekday", "item_age_years"]
 
-    def fit(self, columns: Columns) -> None:
+    def partial_fit(self, columns: Columns) -> None:
+        """Nothing to learn: the features are functions of the row."""
         self._require(columns)
+
+    def combine(self, parts: Sequence[None]) -> None:
+        return None
 
     def transform(self, columns: Columns) -> Columns:
         self._require(columns)
