@@ -190,12 +190,23 @@ class FollowSettings(BaseModel):
     enabled: bool = Field(
         True, description="Follow the desired state in Redis (or the embedded stack's file)."
     )
-    interval_s: float = Field(1.0, gt=0, description="How often the desired state is read.")
+    interval_s: float = Field(
+        1.0,
+        gt=0,
+        description="How often the desired state is read and the inference server's versions "
+        "are checked and reconciled.",
+    )
     keep_previous_s: float = Field(
         600.0, ge=0, description="The previous production stays loaded this long (rollback)."
     )
     retire_after_s: float = Field(
         30.0, ge=0, description="A version no user is routed to is dropped after this long."
+    )
+    ready_requires_served: bool = Field(
+        True,
+        description="Readiness (/health/ready) is 503 while this replica's inference server "
+        "does not serve the versions it routes users to (after a Triton restart, until the "
+        "reconcile loop has loaded them back). false = ready whenever an answer is possible.",
     )
 
 
