@@ -158,6 +158,20 @@ BREAKERS_OPEN = Gauge(
     ["breaker"],
     multiprocess_mode="livesum",
 )
+REPLICA_CONVERGED = Gauge(
+    "cascade_replica_converged",
+    "1 when this replica applied the desired state and its inference server serves every "
+    "desired version (checked on the server), else 0 (the lowest among workers).",
+    multiprocess_mode="livemin",
+)
+RECONCILE_ACTIONS = Counter(
+    "cascade_reconcile_actions_total",
+    "Model versions the reconcile loop loaded or unloaded on this replica's inference server "
+    "because it served other versions than the replica's (a restarted server shows as loads).",
+    ["action"],
+)
+for _action in ("load", "unload"):
+    RECONCILE_ACTIONS.labels(action=_action)  # both exported from the start
 VERSION_LOAD_FAILURES = Counter(
     "cascade_version_load_failures_total",
     "Desired model versions this gateway could not load, by role (production, canary).",

@@ -12,8 +12,10 @@ One look (``RolloutController.look``), every ``interval_s``:
    answer names it: a replica still loading the canary logs none);
 2. abort when the candidate's artifacts vanished or a gateway replica reports it cannot
    load the candidate (production untouched); while a live replica has not applied the
-   step yet, give no verdict (its users are all on production), and roll back with reason
-   ``not_applied`` when that lasts ``apply_deadline_s``;
+   step yet, or reports that it has not converged (its inference server does not serve the
+   step's versions, e.g. a restarted Triton being reconciled), give no verdict, and roll
+   back with reason ``not_applied`` when that lasts ``apply_deadline_s`` (from the step's
+   start, or from when a replica fell behind after the step had been applied);
 3. ``analysis.analyse``: sample-ratio mismatch halts (rolled back, reason ``srm``), a
    guardrail breach fails at once, the always-valid CTR test passes, fails or holds;
 4. act: fail → roll back; pass for at least ``min_step_s`` → next weight, or promote after
@@ -250,6 +252,8 @@ class RolloutController:
             record.step_started_at += self.outage_s
             if record.step_applied_at is not None:
                 record.step_applied_at += self.outage_s
+            if record.behind_since is not None:
+                record.behind_since += self.outage_s
             await self._look(record)
         except UNREACHABLE as error:
             self._paused(error)
@@ -263,8 +267,13 @@ class RolloutController:
             self._honour(record, request)
             return
         behind = self._replicas_behind()
+        record.replicas_behind = behind
         if not behind:
             self._routing_applied(record)
+            record.behind_since = None
+        elif record.behind_since is None:  # the step's start, or now for one that fell back
+            applied = record.step_applied_at is not None
+            record.behind_since = self.clock() if applied else record.step_started_at
         if self.plan.analysis.cuped:
             await self._attach_covariates(record)
         await self._read_streams(record)
@@ -276,7 +285,7 @@ class RolloutController:
         if behind:
             # replicas still loading the step's versions route everyone to production: no
             # verdict (a sample-ratio "mismatch" now would only measure the loading)
-            waited = self.clock() - record.step_started_at
+            waited = self.clock() - (record.behind_since or record.step_started_at)
             if waited >= self.plan.apply_deadline_s:
                 self._finish(
                     record,
@@ -437,7 +446,9 @@ class RolloutController:
             record.step_requests = {name: arm.requests for name, arm in record.arms.items()}
 
     def _replicas_behind(self) -> list[str]:
-        """Live gateway replicas that have not applied the current desired state yet."""
+        """Live gateway replicas that have not applied the current desired state yet, or say
+        they have not converged on it (checked on their inference server; a report without
+        ``converged``, from an older gateway, counts by its revision alone)."""
         desired = self.desired.read()
         if desired is None:
             return []
@@ -445,6 +456,7 @@ class RolloutController:
             str(report.get("replica"))
             for report in self.desired.reports()
             if (report.get("applied_revision") or 0) < desired.revision
+            or report.get("converged") is False
         ]
 
     def _deployment_problem(self, record: RolloutRecord) -> tuple[str, str] | None:
@@ -466,6 +478,7 @@ class RolloutController:
         record.step += 1
         record.step_started_at = self.clock()
         record.step_applied_at = None
+        record.behind_since = None
         self._audit(record, "step", {"step": record.step, "weight": record.weight})
         self._set_desired(
             record.production,

@@ -37,9 +37,19 @@ LATENCY_BOUNDS_MS = np.geomspace(0.1, 100_000, 121)
 USER_CLUSTERS = 128
 
 
+# The split test's finer hash of users (a refinement of the clusters: bucket mod 128 is the
+# cluster): how many requests each user made, up to collisions, whatever arm served them.
+SPLIT_BUCKETS = 4096
+
+
 def user_cluster(user_id: str) -> int:
     """The cluster of a user (a hash independent of the routing hash, which is salted)."""
     return zlib.crc32(user_id.encode()) % USER_CLUSTERS
+
+
+def user_bucket(user_id: str) -> int:
+    """The split test's bucket of a user (``user_cluster`` is this modulo 128)."""
+    return zlib.crc32(user_id.encode()) % SPLIT_BUCKETS
 
 
 def cluster_ratio_variance(successes: list[int], trials: list[int]) -> float | None:
@@ -135,6 +145,9 @@ class SplitCounts(BaseModel):
     clusters: list[list[int]] = Field(
         default_factory=lambda: [[0] * USER_CLUSTERS for _ in range(2)]
     )
+    # requests per user bucket, both arms together (sparse): the split's variance under the
+    # hypothesis that users are assigned at the configured share (``split_test_counts``)
+    buckets: dict[int, int] = Field(default_factory=dict)
 
     def add(self, user_id: str, canary: bool) -> None:
         cluster = user_cluster(user_id)
@@ -143,6 +156,18 @@ class SplitCounts(BaseModel):
         else:
             self.control += 1
         self.clusters[int(canary)][cluster] += 1
+        bucket = user_bucket(user_id)
+        self.buckets[bucket] = self.buckets.get(bucket, 0) + 1
+
+    def bucket_counts(self) -> np.ndarray | None:
+        """Requests per bucket as a dense vector; None for a split recorded without them
+        (a rollout record saved before buckets were kept)."""
+        if sum(self.buckets.values()) != self.control + self.canary:
+            return None
+        dense = np.zeros(SPLIT_BUCKETS)
+        for bucket, count in self.buckets.items():
+            dense[int(bucket)] = count
+        return dense
 
 
 class RolloutRecord(BaseModel):
@@ -161,6 +186,10 @@ class RolloutRecord(BaseModel):
     step_applied_at: float | None = None
     # each arm's requests when the step's routing was applied: what the step itself got
     step_requests: dict[str, int] = Field(default_factory=dict)
+    # live replicas not converged on the step at the last look (no verdict meanwhile), and
+    # since when some have been (the not_applied deadline counts from there)
+    replicas_behind: list[str] = Field(default_factory=list)
+    behind_since: float | None = None
     updated_at: float = Field(default_factory=time.time)
     reason: str = ""
     detail: str = ""  # what the reason measured, or the operator's words
@@ -198,7 +227,8 @@ class RolloutRecord(BaseModel):
     def split_test_counts(self) -> tuple[int, int, float, float | None]:
         """(control, canary) requests the canary split assigned, the canary share expected of
         them (each split's share times its requests), and the variance of
-        ``canary - expected`` measured between user clusters (None: too few clusters): what
+        ``canary - expected`` when users are assigned at the shares (``assigned_split_variance``;
+        for records without buckets, measured between user clusters, None with too few): what
         the sample-ratio test compares. Users, not requests, are assigned to arms, so a few
         heavy users move the request split more than independent requests would."""
         judged = [(float(share), s) for share, s in self.splits.items() if 0 < float(share) < 1]
@@ -206,13 +236,41 @@ class RolloutRecord(BaseModel):
         canary = sum(s.canary for _, s in judged)
         total = control + canary
         expected = sum(share * (s.control + s.canary) for share, s in judged)
+        share_of_total = expected / total if total else self.weight
+        counts = [s.bucket_counts() for _, s in judged]
+        if judged and all(c is not None for c in counts):
+            shares = [share for share, _ in judged]
+            assigned = assigned_split_variance(shares, [c for c in counts if c is not None])
+            return control, canary, share_of_total, assigned
+        # records without buckets: the residuals between user clusters
         residual = np.zeros(USER_CLUSTERS)
         for share, s in judged:
             control_k, canary_k = (np.asarray(c, np.float64) for c in s.clusters)
             residual += canary_k - share * (control_k + canary_k)
         used = int(np.count_nonzero(residual)) if judged else 0
-        variance = float(residual @ residual) if used >= 2 else None
-        return control, canary, (expected / total if total else self.weight), variance
+        clustered = float(residual @ residual) if used >= 2 else None
+        return control, canary, share_of_total, clustered
+
+
+def assigned_split_variance(shares: list[float], counts: list[np.ndarray]) -> float:
+    """Variance of ``canary - expected`` if each user is on the canary exactly when their
+    salted hash falls below the share (``VersionRouter``: raising the share keeps them there),
+    given how many requests each user made in each split (``counts``: per split, requests per
+    user bucket, both arms).
+
+    A user with n_s requests under share w_s adds ``sum_st n_s n_t (min(w_s, w_t) - w_s w_t)``.
+    It depends on who asked how often, not on which arm served them: an estimate from the
+    arms' residuals falls exactly when heavy users happen to sit in production and the canary
+    is short of its share, which made the split test halt healthy rollouts. Users sharing a
+    bucket are separated in expectation: ``sum_b n_bs n_bt`` exceeds ``sum_u n_us n_ut`` by
+    ``(N_s N_t - sum_u n_us n_ut) / B`` for users hashed at random into ``B`` buckets."""
+    variance = 0.0
+    for share_s, n_s in zip(shares, counts, strict=True):
+        for share_t, n_t in zip(shares, counts, strict=True):
+            pooled = float(n_s @ n_t)
+            per_user = (pooled - n_s.sum() * n_t.sum() / SPLIT_BUCKETS) / (1 - 1 / SPLIT_BUCKETS)
+            variance += (min(share_s, share_t) - share_s * share_t) * max(per_user, 0.0)
+    return variance
 
 
 class OperatorRequest(BaseModel):

@@ -4,6 +4,7 @@ addressed by name and version; model control (load/unload) with the server's con
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +99,30 @@ class TritonBackend(InferenceBackend):
         config.ClearField("version_policy")
         config.version_policy.specific.versions.extend(sorted(versions))
         return dict(json_format.MessageToDict(config, preserving_proto_field_name=True))
+
+    async def served_versions(self, versions: Iterable[int]) -> dict[str, set[int]]:
+        """The versions of each of this backend's models that the server reports READY (a
+        version still loading or unloading is not served). With the control key: all of
+        them, from the repository index (a restricted API); without: those of ``versions``
+        that the open readiness API calls ready. Raises when the server cannot be asked."""
+        served: dict[str, set[int]] = {model: set() for model in self.models}
+        if not self._control_key:
+            for model in self.models:
+                for version in sorted(set(versions)):
+                    if await self.ready(model, version):
+                        served[model].add(version)
+            return served
+        headers = self._control_headers()
+        if self.protocol == "grpc":
+            answer = await self._client.get_model_repository_index(headers=headers, as_json=True)
+            entries = answer.get("models", [])
+        else:
+            entries = await self._client.get_model_repository_index(headers=headers)
+        for entry in entries:
+            number = str(entry.get("version", ""))
+            if entry.get("name") in served and entry.get("state") == "READY" and number.isdigit():
+                served[entry["name"]].add(int(number))
+        return served
 
     async def unload_model(self, model: str) -> None:
         """Unload ``model`` (explicit model control); sends the control key."""

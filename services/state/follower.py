@@ -15,10 +15,18 @@ It never waits on the request path and never makes things worse:
   version nobody is routed to any more is dropped only after ``retire_after_s``, so requests
   already in flight finish on the version they started with.
 
-The replica reports what it applied (the controller waits for every live replica) under a
-short ttl, renewed every ``interval_s`` by its own task, so a slow model load does not let
-it lapse while a stopped replica stops counting as live within seconds; ``close()``
-withdraws it at once.
+Every tick it also reconciles (``services.state.reconcile``): it asks its inference server
+which versions are READY and loads or unloads until they are the versions this gateway
+holds, so a Triton that restarted (serving its repository's default) is back on the
+production and canary within a tick or two. A revision that arrives while the server is
+unreachable waits (it is retried every tick, never taken for a canary that cannot load).
+
+The replica reports what it applied and whether it has converged (the desired revision
+applied, routed as desired, every desired version READY on its server: checked, not
+assumed; ``missing`` says what is not) under a short ttl, renewed every ``interval_s`` by its
+own task, so a slow model load does not let it lapse while a stopped replica stops
+counting as live within seconds; ``close()`` withdraws it at once. The controller waits
+for every live replica to report converged.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import secrets
 import socket
@@ -33,11 +42,18 @@ import threading
 import time
 from typing import TYPE_CHECKING, Protocol
 
-from services.metrics import CANARY_WEIGHT, ROLLOUT_REVISION, VERSION_LOAD_FAILURES, version_label
+from services.metrics import (
+    CANARY_WEIGHT,
+    REPLICA_CONVERGED,
+    ROLLOUT_REVISION,
+    VERSION_LOAD_FAILURES,
+    version_label,
+)
 from services.serving.release import load_release
 from services.serving.routing import VersionRouter
 from services.serving.rules import Rules
 from services.state.desired_state import DesiredState, DesiredStateStore, describe
+from services.state.reconcile import Reconciler
 from services.util.background import BackgroundTask
 
 if TYPE_CHECKING:
@@ -91,6 +107,7 @@ class StateFollower:
         self.canary_failed: int | None = None  # a desired canary this replica cannot load
         self.previous: tuple[int, float] | None = None  # (old production, since)
         self.unrouted_since: dict[int, float] = {}
+        self.reconciler = Reconciler(gateway.backend, timeout_s=max(read_timeout_s, 2.0))
         self._background = BackgroundTask()
         self._reporting = BackgroundTask()
         self._report_lock = threading.Lock()  # a report written vs. one withdrawn
@@ -112,13 +129,16 @@ class StateFollower:
         return state
 
     async def check(self) -> None:
-        """One tick: apply a new revision, drop versions whose grace ran out, report."""
+        """One tick: apply a new revision, drop versions whose grace ran out, bring the
+        inference server back to this gateway's versions, report."""
         state = await self.read()
         if state is not None and state.revision != self.applied_revision:
             if self.reachable:  # loading can take long: say first that this one is behind
                 await self._report()
             await self.apply(state)
         await self._retire()
+        await self.reconciler.reconcile(self.gateway.releases)
+        REPLICA_CONVERGED.set(0 if self.convergence() else 1)
         if self.reachable:  # also before any desired state: the controller then waits
             await self._report()
 
@@ -144,7 +164,11 @@ class StateFollower:
             self.store.remove_report(self.replica)
 
     async def apply(self, state: DesiredState) -> None:
+        """Load what ``state`` needs and route by it; the revision counts as applied unless
+        the inference server was unreachable (then the next tick tries again)."""
         gateway = self.gateway
+        if await self._server_down(state):
+            return
         problems: list[str] = []
         old_production = gateway.router.default if gateway.router else None
         for version in state.versions:
@@ -171,6 +195,8 @@ class StateFollower:
         try:
             await gateway.backend.serve_versions(serving)
         except Exception as error:
+            if await self._server_down(state):  # it went away: not the versions' fault
+                return
             if canary is None:
                 VERSION_LOAD_FAILURES.labels(role="production").inc()
                 problems.append(f"model versions {serving} cannot be loaded: {error}")
@@ -196,6 +222,17 @@ class StateFollower:
                 self.unrouted_since.setdefault(version, time.monotonic())
         self._export_weights(state.production, canary, weight)
         self._done(state, problems, "applied")
+
+    async def _server_down(self, state: DesiredState) -> bool:
+        """True (and said) when the inference server cannot be asked: ``state`` then waits."""
+        observed = await self.reconciler.observe(state.versions)
+        if observed.reachable:
+            return False
+        problem = f"revision {state.revision} waits: {observed.missing(state.versions)[0]}"
+        if problem not in self.problems:
+            log.warning("desired state %s: %s", describe(state), problem)
+        self.problems = [problem]
+        return True
 
     def _kept_previous(self) -> set[int]:
         if self.previous is None:
@@ -236,8 +273,35 @@ class StateFollower:
             log.error("desired state revision %d: %s", state.revision, problem)
         log.info("desired state %s: %s", describe(state), outcome)
 
+    def convergence(self) -> list[str]:
+        """What keeps this replica from serving the desired state, in words (empty: it has
+        converged): the revision not applied, routing that differs, a desired version its
+        inference server does not serve (as last checked). Before any desired state: the
+        versions it routes to."""
+        desired, router = self.desired, self.gateway.router
+        if desired is None:
+            return self.unserved()
+        gaps = []
+        if self.applied_revision != desired.revision:
+            gaps.append(f"desired revision {desired.revision} not applied")
+        elif (
+            router is None
+            or (router.default, router.canary) != (desired.production, desired.canary)
+            or not math.isclose(router.canary_percent, desired.weight_percent)
+        ):
+            gaps.append(f"routing differs from the desired state ({describe(desired)})")
+        return gaps + self.reconciler.missing(desired.versions)
+
+    def unserved(self) -> list[str]:
+        """What of the versions users are routed to the inference server does not serve (as
+        last checked): readiness is false while there is any."""
+        router = self.gateway.router
+        return self.reconciler.missing(router.versions if router is not None else [])
+
     def status(self) -> dict[str, object]:
         router = self.gateway.router
+        missing = self.convergence()
+        last = self.reconciler.last
         return {
             "desired": None if self.desired is None else self.desired.model_dump(),
             "applied_revision": self.applied_revision,
@@ -251,15 +315,20 @@ class StateFollower:
             },
             "problems": list(self.problems),
             "canary_failed": self.canary_failed,
+            "converged": not missing,
+            "missing": missing,
+            # READY versions per model on the inference server, as last checked (None: no
+            # server of its own, or not reachable)
+            "served": last.as_report() if last is not None else None,
         }
 
     async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_s)
+        while True:  # the first tick at once: readiness waits on its check of the server
             try:
                 await self.check()
             except Exception:  # a bug here must never stop following
                 log.exception("following the desired state failed")
+            await asyncio.sleep(self.interval_s)
 
     async def _keep_reporting(self) -> None:
         """Renew the report every interval, also while ``check()`` waits on a long load."""
