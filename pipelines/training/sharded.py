@@ -216,27 +216,58 @@ def share_bounds(n: int, world: int) -> np.ndarray:
     return np.linspace(0, n, world + 1).astype(np.int64)
 
 
+def scatter_rows(
+    inputs: dict[str, np.ndarray] | None, ranks: Ranks
+) -> tuple[dict[str, np.ndarray], int]:
+    """Rank 0's ``inputs`` cut into the ranks' contiguous shares: this rank's share and the
+    number of rows in all (the other ranks pass None: only rank 0 reads the split)."""
+    shares: list[tuple[dict[str, np.ndarray], int]] | None = None
+    if ranks.rank == 0:
+        if inputs is None:
+            raise ValueError("rank 0 must pass the rows to score")
+        n = len(inputs["sparse"])
+        bounds = share_bounds(n, ranks.world)
+        shares = [
+            ({k: v[bounds[r] : bounds[r + 1]] for k, v in inputs.items()}, n)
+            for r in range(ranks.world)
+        ]
+    if ranks.world == 1:
+        assert shares is not None
+        return shares[0]
+    received: list[tuple[dict[str, np.ndarray], int] | None] = [None]
+    dist.scatter_object_list(received, shares, src=0)
+    share = received[0]
+    assert share is not None
+    return share
+
+
 @torch.no_grad()
 def sharded_logits(
-    sharded: DistributedModelParallel, inputs: dict[str, np.ndarray], ranks: Ranks
+    sharded: DistributedModelParallel, share: dict[str, np.ndarray], n: int, ranks: Ranks
 ) -> np.ndarray:
-    """The logit of every row of ``inputs``, on every rank: each rank scores its share (padded
-    to the largest share, since every forward pass is collective), then all gather."""
+    """The logit of all ``n`` rows, on every rank, each rank scoring its ``share``
+    (``scatter_rows``), padded to the largest share since every forward pass is collective."""
     sharded.eval()
-    n = len(inputs["sparse"])
-    bounds = share_bounds(n, ranks.world)
-    sizes = np.diff(bounds)
+    sizes = np.diff(share_bounds(n, ranks.world))
     largest = int(sizes.max())
     if largest == 0:
         return np.zeros(0, dtype=np.float32)
-    mine = np.arange(bounds[ranks.rank], bounds[ranks.rank + 1])
-    padded = np.concatenate([mine, np.zeros(largest - len(mine), dtype=np.int64)])
+    padded = {  # zero rows (id 0 of every table) after this rank's share
+        key: np.concatenate(
+            [
+                share[key],
+                np.zeros((largest - len(share[key]), *share[key].shape[1:]), share[key].dtype),
+            ]
+        )
+        for key in ("sparse", "dense")
+    }
     logits = torch.empty(largest, dtype=torch.float32, device=ranks.device)
     for start in range(0, largest, SCORE_ROWS):
-        rows = padded[start : start + SCORE_ROWS]
-        sparse = torch.from_numpy(inputs["sparse"][rows]).to(ranks.device)
-        dense = torch.from_numpy(inputs["dense"][rows]).to(ranks.device)
-        logits[start : start + len(rows)] = sharded(sparse, dense).float()
+        sparse = torch.from_numpy(padded["sparse"][start : start + SCORE_ROWS])
+        dense = torch.from_numpy(padded["dense"][start : start + SCORE_ROWS])
+        logits[start : start + len(sparse)] = sharded(
+            sparse.to(ranks.device), dense.to(ranks.device)
+        ).float()
     gathered = [torch.empty_like(logits) for _ in range(ranks.world)]
     dist.all_gather(gathered, logits)
     parts = [part[: int(size)] for part, size in zip(gathered, sizes, strict=True)]
@@ -287,27 +318,32 @@ def train_dlrm_sharded(
     model: DLRM,
     schema: FeatureSchema,
     workdir: Path,
-    valid: dict[str, np.ndarray],
+    valid: dict[str, np.ndarray] | None,
     config: TrainConfig,
     report: Callable[[str], None] | None = None,
-) -> tuple[list[dict[str, float]], np.ndarray]:
-    """``train_dlrm`` with the tables sharded: early stopping on validation AUC (keep-best),
-    returning the curve and the kept epoch's validation logits on every rank. The trained
-    weights land in ``model`` on rank 0 only (evaluation and export run there)."""
+) -> tuple[list[dict[str, float]], np.ndarray | None]:
+    """``train_dlrm`` with the tables sharded, run on every rank: early stopping on
+    validation AUC (keep-best, decided on rank 0), returning the curve and, on rank 0, the
+    kept epoch's validation logits (the other ranks may pass no ``valid`` and get None).
+    The trained weights land in ``model`` on rank 0 only (evaluation and export run there)."""
     train_path = workdir / "ranking_train.parquet"
     with process_group() as ranks:
-        emit = (report or print) if ranks.rank == 0 else (lambda _: None)
+        main = ranks.rank == 0
+        emit = (report or print) if main else (lambda _: None)
         sharded = shard_dlrm(model, config.dlrm_lr, ranks)
+        share, n_valid = scatter_rows(valid, ranks)
         loader = ParquetBatchLoader(
             [train_path],
             split_groups(train_path, schema),
-            config.dlrm_batch,
+            config.dlrm_batch,  # the global batch: each rank trains on its share of it
             dtypes={"sparse": torch.int64},
             seed=config.seed,
         )
         step = make_sharded_step(sharded, config.dlrm_lr, ranks)
         curve: list[dict[str, float]] = []
-        best_auc, best_index, best_logits, best_weights, stale = -float("inf"), -1, None, None, 0
+        best_auc, best_index, stale = -float("inf"), -1, 0
+        best_logits: np.ndarray | None = None
+        best_weights: dict[str, list[torch.Tensor]] | None = None
         for epoch in range(config.dlrm_epochs):
             started = time.perf_counter()
             running = torch.zeros((), device=ranks.device)
@@ -317,20 +353,20 @@ def train_dlrm_sharded(
                 if part is not None:
                     running += part
                     count += 1
-            dist.all_reduce(running)  # the global batches' losses, summed over ranks' parts
+            dist.all_reduce(running)  # the global batches' losses: the sum of the ranks' parts
             trained = time.perf_counter()
-            logits = sharded_logits(sharded, valid, ranks)
-            record: dict[str, float] = {
-                "epoch": epoch + 1,
-                "loss": float(running) / max(count, 1),
-                "valid_auc": auc(valid["label"], logits),
-                "valid_logloss": logloss(valid["label"], sigmoid(logits)),
-            }
-            # the ranks hold the same logits; rank 0's verdict is the one every rank follows
-            verdict = [record["valid_auc"] > best_auc]
-            dist.broadcast_object_list(verdict, src=0)
-            if verdict[0]:
-                best_auc, best_index, best_logits, stale = record["valid_auc"], epoch, logits, 0
+            logits = sharded_logits(sharded, share, n_valid, ranks)
+            record: dict[str, float] = {"epoch": epoch + 1, "loss": float(running) / max(count, 1)}
+            if main:
+                assert valid is not None  # scatter_rows checked it
+                record["valid_auc"] = auc(valid["label"], logits)
+                record["valid_logloss"] = logloss(valid["label"], sigmoid(logits))
+            decided = [record]
+            dist.broadcast_object_list(decided, src=0)  # rank 0's metrics rule every rank
+            record = decided[0]
+            if record["valid_auc"] > best_auc:
+                best_auc, best_index, stale = record["valid_auc"], epoch, 0
+                best_logits = logits if main else None
                 best_weights = local_snapshot(sharded)
             else:
                 stale += 1
@@ -339,7 +375,7 @@ def train_dlrm_sharded(
             emit(
                 f"dlrm epoch {epoch + 1}/{config.dlrm_epochs}: {extras} (trained in "
                 f"{trained - started:.0f} s, validated in {time.perf_counter() - trained:.0f} s,"
-                f" {ranks.world} ranks, tables sharded)"
+                f" tables sharded over {ranks.world} ranks)"
             )
             if stale >= config.patience:
                 emit(
@@ -354,6 +390,8 @@ def train_dlrm_sharded(
     if state is not None:
         model.load_state_dict(state)
     model.cpu()
+    if not main:
+        return curve, None
     if best_logits is None:  # no epoch improved on -inf (an undefined AUC): the last weights
         return curve, logits
     return curve, best_logits

@@ -22,6 +22,7 @@ from pipelines.training.sharded import (
     gather_dlrm_state,
     make_sharded_step,
     process_group,
+    scatter_rows,
     shard_dlrm,
     sharded_logits,
 )
@@ -71,7 +72,8 @@ def run_case(allowed: list[str] | None) -> dict[str, Any] | None:
             for name, spec in sharded.plan.plan["ebc"].items()  # type: ignore[union-attr]
         }
         scored = batch(1, 301)  # not a multiple of the world size
-        logits = sharded_logits(sharded, {k: v.numpy() for k, v in scored.items()}, ranks)
+        rows = {k: v.numpy() for k, v in scored.items()} if ranks.rank == 0 else None
+        logits = sharded_logits(sharded, *scatter_rows(rows, ranks), ranks)  # rank 0's rows
         gathered = gather_dlrm_state(sharded)
         trained = batch(2, BATCH)
         loss = make_sharded_step(sharded, LR, ranks)(trained)
