@@ -112,6 +112,8 @@ def test_alertmanager_routes_only_retraining_alerts_to_the_webhook() -> None:
         (["action=retrain", "alertname=CascadeFeatureDrift", "model_version=3"], "cascade-retrain"),
         (["alertname=CascadeErrorRatioHigh", "severity=critical"], "default"),
         (["action=page", "alertname=CascadeCtrDrop"], "default"),
+        (["alertname=CascadeRedisEvictions", "severity=critical", "job=redis"], "default"),
+        (["alertname=CascadeReplicaNotConverged", "instance=g1:8080"], "default"),
     ]:
         routed = subprocess.run(
             [amtool, "config", "routes", "test", config, *labels],
