@@ -1,6 +1,7 @@
 # Cascade's Python images, one Dockerfile, two targets:
 #   docker build --target gateway -t cascade-gateway:0.1.0 .   # the gateway (default target)
-#   docker build --target jobs    -t cascade-jobs:0.1.0 .      # cascade train / materialize
+#   docker build --target jobs    -t cascade-jobs:0.1.0 .      # train, retrain, materialize,
+#                                                              # rollout, and cascade-loop
 # Base: the official CPython 3.11 image on Debian 12 (bookworm), pinned to the patch release:
 # the same Python minor and Debian release the project is tested on (requires-python >= 3.11;
 # docker-library/python's 3.11/slim-bookworm builds CPython 3.11.15 FROM debian:bookworm-slim).
@@ -52,6 +53,8 @@ COPY cli ./cli
 # them beside the code: hence an editable install of /app)
 COPY model_repository ./model_repository
 RUN pip install --no-deps --no-build-isolation -e .
+# the long-running workers' loop (retrain worker, rollout controller): deploy/cascade-loop.sh
+COPY --chmod=755 deploy/cascade-loop.sh /usr/local/bin/cascade-loop
 USER 10001:10001
 WORKDIR /artifacts
 ENTRYPOINT ["cascade"]

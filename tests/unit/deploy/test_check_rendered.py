@@ -1,0 +1,149 @@
+"""deploy/helm/check_rendered.py: the checks CI runs on the chart's renderings catch what
+they are for (a Triton without its restricted APIs, a pod without its security settings, a
+scaled Deployment without a PDB or spreading), and pass a compliant rendering."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+_spec = importlib.util.spec_from_file_location(
+    "check_rendered", ROOT / "deploy/helm/check_rendered.py"
+)
+assert _spec and _spec.loader
+check_rendered = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(check_rendered)
+
+RESTRICTED = "model-repository,shared-memory,trace,logging"
+KEY = "triton-control-key=$(CASCADE_TRITON__CONTROL_KEY)"
+HARDENED = {
+    "runAsNonRoot": True,
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+PROBES = {p: {"exec": {"command": ["true"]}} for p in check_rendered.PROBES}
+LABELS = {"app.kubernetes.io/component": "gateway"}
+
+
+def container(name: str, image: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "image": image,
+        "securityContext": dict(HARDENED),
+        "resources": {"limits": {"memory": "1Gi"}},
+        **PROBES,
+        **extra,
+    }
+
+
+def triton(**extra: Any) -> dict[str, Any]:
+    args = [
+        "--http-address=127.0.0.1",
+        "--grpc-address=127.0.0.1",
+        f"--http-restricted-api={RESTRICTED}:{KEY}",
+        f"--grpc-restricted-protocol={RESTRICTED}:{KEY}",
+    ]
+    env = [
+        {
+            "name": "CASCADE_TRITON__CONTROL_KEY",
+            "valueFrom": {"secretKeyRef": {"name": "s", "key": "triton-control-key"}},
+        }
+    ]
+    fields = {"restartPolicy": "Always", "args": args, "env": env, **extra}
+    return container("triton", "ghcr.io/x/cascade-triton:0.1.0", **fields)
+
+
+def rendering() -> list[dict[str, Any]]:
+    """A compliant gateway: Deployment with a Triton sidecar, its HPA and PDB."""
+    pod = {
+        "automountServiceAccountToken": False,
+        "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+        "topologySpreadConstraints": [{"maxSkew": 1}],
+        "initContainers": [triton()],
+        "containers": [container("gateway", "ghcr.io/x/cascade-gateway:0.1.0")],
+    }
+    selector = {"matchLabels": dict(LABELS)}
+    return [
+        {
+            "kind": "Deployment",
+            "metadata": {"name": "gw"},
+            "spec": {"template": {"metadata": {"labels": dict(LABELS)}, "spec": pod}},
+        },
+        {"kind": "HorizontalPodAutoscaler", "spec": {"scaleTargetRef": {"name": "gw"}}},
+        {"kind": "PodDisruptionBudget", "spec": {"selector": selector}},
+    ]
+
+
+def sidecar(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    return docs[0]["spec"]["template"]["spec"]["initContainers"][0]
+
+
+def test_a_compliant_rendering_passes() -> None:
+    assert check_rendered.check(rendering()) == []
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--http-restricted-api", f"model-repository:{KEY}"),  # only model control
+        ("--grpc-restricted-protocol", f"{RESTRICTED}:triton-control-key=hardcoded"),  # no env key
+    ],
+)
+def test_a_triton_with_too_few_restricted_apis_fails(flag: str, value: str) -> None:
+    docs = rendering()
+    args = sidecar(docs)["args"]
+    args[:] = [a for a in args if not a.startswith(flag)] + [f"{flag}={value}"]
+    problems = check_rendered.check(docs)
+    assert len(problems) == 1 and flag in problems[0] and "container triton" in problems[0]
+
+
+def test_a_triton_listening_beyond_loopback_or_with_a_literal_key_fails() -> None:
+    docs = rendering()
+    triton_container = sidecar(docs)
+    triton_container["args"] = [
+        a.replace("--http-address=127.0.0.1", "--http-address=0.0.0.0")
+        for a in triton_container["args"]
+    ]
+    triton_container["env"] = [{"name": "CASCADE_TRITON__CONTROL_KEY", "value": "literal"}]
+    problems = "\n".join(check_rendered.check(docs))
+    assert "--http-address=127.0.0.1" in problems and "from a Secret" in problems
+
+
+def test_a_sidecar_needs_probes_and_hardening() -> None:
+    docs = rendering()
+    del sidecar(docs)["livenessProbe"]
+    sidecar(docs)["securityContext"]["readOnlyRootFilesystem"] = False
+    problems = "\n".join(check_rendered.check(docs))
+    assert "livenessProbe" in problems and "readOnlyRootFilesystem" in problems
+
+
+def test_an_unpinned_image_and_a_token_mount_fail() -> None:
+    docs = rendering()
+    pod = docs[0]["spec"]["template"]["spec"]
+    pod["containers"][0]["image"] = "ghcr.io/x/cascade-gateway"
+    pod["automountServiceAccountToken"] = True
+    problems = "\n".join(check_rendered.check(docs))
+    assert "pinned to a tag or digest" in problems and "automountServiceAccountToken" in problems
+
+
+def test_a_scaled_deployment_needs_a_pdb_and_spreading() -> None:
+    docs = copy.deepcopy(rendering())[:2]  # no PDB
+    del docs[0]["spec"]["template"]["spec"]["topologySpreadConstraints"]
+    problems = check_rendered.check(docs)
+    assert problems == [
+        "Deployment/gw: needs a PodDisruptionBudget",
+        "Deployment/gw: needs topologySpreadConstraints or podAntiAffinity",
+    ]
+
+
+def test_a_single_pod_deployment_needs_neither() -> None:
+    docs = rendering()[:1]
+    docs[0]["spec"]["replicas"] = 1
+    del docs[0]["spec"]["template"]["spec"]["topologySpreadConstraints"]
+    assert check_rendered.check(docs) == []
