@@ -15,15 +15,19 @@ def add_parser(commands: Any) -> None:
     parser = commands.add_parser(
         "materialize",
         help="load a release's users, histories and seen sets into the online store",
-        description="Write every user of a release (attributes, recent history, seen items) into "
-        "the Redis at CASCADE_REDIS__URL (or --redis-url), pipelined and versioned.",
+        description="Write every user of a release (attributes, recent history, seen items) and "
+        "its embedding rows into the Redis at CASCADE_REDIS__URL (or --redis-url; a "
+        "redis+cluster:// URL is a Redis Cluster), pipelined and versioned.",
     )
     opt.add_artifacts(parser)
     parser.add_argument(
         "--version", type=opt.positive_int, default=None, help="release version (default: latest)"
     )
     parser.add_argument(
-        "--redis-url", default=None, help="redis://host:port/db (default: CASCADE_REDIS__URL)"
+        "--redis-url",
+        default=None,
+        help="redis://host:port/db or redis+cluster://host:port of the features and embedding "
+        "rows (default: CASCADE_REDIS__URL)",
     )
     parser.add_argument(
         "--candidate",
@@ -47,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from core.export.repository import latest_version
     from services.stores.materialize import materialize
     from services.stores.redis import RedisStore
+    from services.util.redis_client import is_cluster
 
     settings = opt.settings(args)
     url = args.redis_url or settings.redis.url
@@ -54,10 +59,15 @@ def run(args: argparse.Namespace) -> int:
         raise CascadeError("no Redis to materialize into: set CASCADE_REDIS__URL or --redis-url")
     if args.candidate and args.version is not None:
         raise UsageError("--candidate and --version exclude each other")
+    durable = settings.redis.durable_url or url  # the registry's, and the store's streams'
+    if is_cluster(durable):
+        raise UsageError(
+            "--redis-url is a Redis Cluster: set CASCADE_REDIS__DURABLE_URL to the durable Redis"
+        )
     if args.candidate:
         from control.registry import RedisRegistry
 
-        registry = RedisRegistry(url, settings.redis.namespace)
+        registry = RedisRegistry(durable, settings.redis.namespace)
         try:
             args.version = registry.newest_candidate()
         finally:
@@ -70,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         raise CascadeError(f"no release under {settings.artifacts}: run `cascade train` first")
 
     async def run() -> int:
-        store = RedisStore(url, settings.redis.namespace)
+        store = RedisStore(url, settings.redis.namespace, durable)
         await store.start()
         try:
             return await materialize(store, settings.artifacts / "releases" / str(version))

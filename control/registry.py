@@ -709,8 +709,8 @@ class FileRegistry(Registry):
 
 def make_registry(settings: Settings) -> Registry:
     """Redis when the settings name one (shared by every replica), else the file."""
-    if settings.redis.url:
-        return RedisRegistry(settings.redis.url, settings.redis.namespace)
+    if settings.redis.durable:
+        return RedisRegistry(settings.redis.durable, settings.redis.namespace)
     return FileRegistry(settings.artifacts / "registry.json")
 
 

@@ -169,15 +169,15 @@ class _EmbeddingRows:
     def delete(self, version: int) -> int:
         """Marker first (the version then reads as not stored), then every row; returns the
         keys removed."""
-        import redis
         from redis.exceptions import RedisError
 
         from core.redact import redact_url
+        from services.util.redis_client import sync_client
 
         prefix = f"{self.namespace}:emb:v{version}:"
         try:
             if self._client is None:
-                self._client = redis.Redis.from_url(self.url, socket_timeout=30.0)
+                self._client = sync_client(self.url, 30.0)  # a RedisCluster scans every node
             removed = int(self._client.unlink(prefix + "tables"))
             batch: list[bytes] = []
             for key in self._client.scan_iter(match=_glob_escape(prefix) + "*", count=SCAN_COUNT):

@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from core.item_neighbors import DEFAULT_SHARE
+from services.util.redis_client import is_cluster
 
 
 class BreakerSettings(BaseModel):
@@ -24,9 +25,22 @@ class BreakerSettings(BaseModel):
 
 
 class RedisSettings(BaseModel):
-    """Online store."""
+    """Redis by role (docs/redis.md): ``url`` holds the rebuildable data (features, embedding
+    rows); ``durable_url`` the data nothing can rebuild (streams, registry, desired state,
+    rollout log, retrain queue). One URL serves both roles."""
 
-    url: str | None = Field(None, description="redis://host:port/db; unset = in-memory store.")
+    url: str | None = Field(
+        None,
+        description="Rebuildable role: the online features and embedding rows, and the durable "
+        "role too while durable_url is unset. redis://host:port/db, or redis+cluster://host:port "
+        "(any one node) for a Redis Cluster; unset = in-memory store.",
+    )
+    durable_url: str | None = Field(
+        None,
+        description="Durable role: feedback and impression streams, answers, registry, desired "
+        "state, rollout log, retrain queue. One Redis (AOF, a replica), never a Cluster; "
+        "unset = url.",
+    )
     timeout_ms: float = Field(25.0, gt=0, description="Per-call timeout of the request path.")
     feedback_timeout_ms: float = Field(
         250.0,
@@ -43,6 +57,27 @@ class RedisSettings(BaseModel):
         description="When the store comes back empty (no completeness marker), reload the "
         "served release's users into it from the gateway (one replica at a time, under a lock).",
     )
+
+    @property
+    def durable(self) -> str | None:
+        """The durable role's URL: ``durable_url``, else ``url``."""
+        return self.durable_url or self.url
+
+    @model_validator(mode="after")
+    def _roles(self) -> RedisSettings:
+        if self.durable_url and not self.url:
+            raise ValueError("redis.durable_url needs redis.url (the features and embedding rows)")
+        if self.durable_url and is_cluster(self.durable_url):
+            raise ValueError(
+                "redis.durable_url must be one Redis (redis:// or rediss://), not a Cluster: "
+                "the streams' appends are scripts over keys of several slots"
+            )
+        if self.url and is_cluster(self.url) and not self.durable_url:
+            raise ValueError(
+                "redis.url is a Redis Cluster: set redis.durable_url to one Redis for the "
+                "streams, registry, desired state and retrain queue"
+            )
+        return self
 
 
 class TritonSettings(BaseModel):
@@ -82,7 +117,9 @@ class EmbeddingCacheSettings(BaseModel):
         "ones go through the cache. 0 = always the cache.",
     )
     redis_url: str | None = Field(
-        None, description="Backing Redis of the cache; unset = the online store's redis.url."
+        None,
+        description="Backing Redis of the cache (rebuildable role; redis+cluster:// for a "
+        "Redis Cluster); unset = the online store's redis.url.",
     )
     namespace: str = Field("cascade", description="Key prefix of the embedding rows.")
     device_capacity: float = Field(

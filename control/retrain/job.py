@@ -373,8 +373,8 @@ def run_retrain(
                 registry,  # type: ignore[arg-type]  # the real Registry (the CLI builds it)
                 root,
                 options.gc_keep,
-                settings.redis.url,
-                settings.redis.namespace,
+                settings.embedding_cache.redis_url or settings.redis.url,
+                settings.embedding_cache.namespace,
             )
             progress(f"garbage collected (keeping {options.gc_keep})")
     return Outcome(version, verdict, time.monotonic() - started)

@@ -5,16 +5,22 @@ Python time per call on top of the round trip (connection pool, per-argument enc
 response callbacks; figures: docs/benchmarks/code-notes.md); this sends the packed command
 and parses the reply in C.
 Only ``redis://`` URLs (host, port, optional password and db); anything else (TLS, unix
-sockets) keeps using redis-py. Not thread-safe: one connection per thread.
+sockets) keeps using redis-py. Not thread-safe: one connection per thread. ``send`` and
+``receive`` pipeline several commands (a Redis Cluster's per-node batches, sent to every node
+before any reply is read).
 """
 
 from __future__ import annotations
 
+import copy
 import socket
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlparse
 
 import hiredis
+
+from services.util.redis_client import node_url
 
 RECV_BYTES = 1 << 20
 
@@ -29,7 +35,7 @@ class RespConnection:
     reconnects) and is raised as ``ConnectionError``."""
 
     def __init__(self, url: str, timeout_s: float, name: str | None = None) -> None:
-        parsed = urlparse(url)
+        parsed = urlparse(node_url(url))
         if parsed.scheme != "redis":
             raise ValueError(f"RespConnection speaks plain redis:// only, got {url!r}")
         self.host = parsed.hostname or "127.0.0.1"
@@ -44,7 +50,15 @@ class RespConnection:
 
     @staticmethod
     def supports(url: str) -> bool:
-        return urlparse(url).scheme == "redis"
+        """Whether ``url`` (a cluster URL: its nodes) is plain ``redis://``."""
+        return urlparse(node_url(url)).scheme == "redis"
+
+    def at(self, host: str, port: int) -> RespConnection:
+        """A connection like this one (credentials, timeout, name) to another node."""
+        other = copy.copy(self)
+        other.host, other.port, other.db = host, port, 0  # a Cluster has database 0 only
+        other._socket, other._reader = None, hiredis.Reader()
+        return other
 
     def _connect(self) -> socket.socket:
         sock = socket.create_connection((self.host, self.port), timeout=self.timeout_s)
@@ -62,27 +76,44 @@ class RespConnection:
         return sock
 
     def _exchange(self, packed: bytes) -> Any:
-        sock = self._socket
-        assert sock is not None
-        sock.sendall(packed)
-        while True:
-            reply = self._reader.gets()
-            if reply is not False:
-                break
-            chunk = sock.recv(RECV_BYTES)
-            if not chunk:
-                raise ConnectionError(f"redis {self.host}:{self.port} closed the connection")
-            self._reader.feed(chunk)
+        assert self._socket is not None
+        self._socket.sendall(packed)
+        reply = self._reply()
         if isinstance(reply, hiredis.ReplyError):
             raise reply
         return reply
 
+    def _reply(self) -> Any:
+        """The next reply (an error reply is returned as a ``hiredis.ReplyError``)."""
+        sock = self._socket
+        assert sock is not None
+        while True:
+            reply = self._reader.gets()
+            if reply is not False:
+                return reply
+            chunk = sock.recv(RECV_BYTES)
+            if not chunk:
+                raise ConnectionError(f"redis {self.host}:{self.port} closed the connection")
+            self._reader.feed(chunk)
+
     def execute(self, *args: Any) -> Any:
         """Send one command and return its reply."""
+        return self._guarded(lambda: self._exchange(_pack(args)))
+
+    def send(self, commands: list[tuple[Any, ...]]) -> None:
+        """Send ``commands`` in one write; ``receive`` reads their replies."""
+        packed = b"".join(map(_pack, commands))
+        self._guarded(lambda: self._socket.sendall(packed))  # type: ignore[union-attr]
+
+    def receive(self, count: int) -> list[Any]:
+        """The next ``count`` replies, error replies as ``hiredis.ReplyError`` values."""
+        return self._guarded(lambda: [self._reply() for _ in range(count)])
+
+    def _guarded(self, call: Callable[[], Any]) -> Any:
         try:
             if self._socket is None:
                 self._connect()
-            return self._exchange(_pack(args))
+            return call()
         except OSError as error:  # timeouts included
             self.close()
             raise ConnectionError(f"redis {self.host}:{self.port}: {error}") from error

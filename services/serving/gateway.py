@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 
 def make_store(settings: Settings) -> OnlineStore:
     if settings.redis.url:
-        return RedisStore(settings.redis.url, settings.redis.namespace)
+        return RedisStore(settings.redis.url, settings.redis.namespace, settings.redis.durable_url)
     return InMemoryStore(settings.streams_dir)
 
 
@@ -235,7 +235,7 @@ class Gateway:
         if not settings.follow.enabled:
             return None
         store = make_desired_state_store(
-            settings.redis.url, settings.redis.namespace, settings.artifacts
+            settings.redis.durable, settings.redis.namespace, settings.artifacts
         )
         self.follower = StateFollower(
             self,

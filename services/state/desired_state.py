@@ -218,7 +218,7 @@ def pin_production(settings: Any, production: int | None) -> DesiredState | None
     if production is None:
         return None
     store = make_desired_state_store(
-        settings.redis.url, settings.redis.namespace, settings.artifacts
+        settings.redis.durable, settings.redis.namespace, settings.artifacts
     )
     try:
         current = store.read()

@@ -310,8 +310,8 @@ def make_retrain_queue(settings: Settings) -> RetrainQueue:
     """Redis when the settings name one (shared by replicas and workers), else the file
     ``retrain_trigger.queue_file``, by default in the retrain job's default state directory,
     ``<artifacts>/retrain/queue.json``."""
-    if settings.redis.url:
-        return RedisRetrainQueue(settings.redis.url, settings.redis.namespace)
+    if settings.redis.durable:
+        return RedisRetrainQueue(settings.redis.durable, settings.redis.namespace)
     path = settings.retrain_trigger.queue_file
     return FileRetrainQueue(path or settings.artifacts / "retrain" / QUEUE_FILE)
 

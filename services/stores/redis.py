@@ -1,5 +1,9 @@
 """The Redis online store: hashes for attributes, packed int64 strings for id lists, a stream
-for feedback. A user lookup is one pipelined round trip."""
+for feedback. A user lookup is one pipelined round trip.
+
+Two roles (docs/redis.md): the features (users, histories, seen sets, the loaded marker) are
+rebuildable by ``cascade materialize`` and may live on a Redis Cluster; the streams, answers,
+first-hit and idempotency keys and the reload lock are durable and live on one Redis."""
 
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ from services.stores.base import (
     unpack_ids,
     validate_event,
 )
+from services.util.redis_client import is_cluster, node_url
 
 WRITE_BATCH = 500
 HEALTH_CHECK_S = 5  # a pooled connection idle longer than this is PINGed before use
@@ -62,61 +67,100 @@ return out
 
 
 class RedisStore(OnlineStore):
-    """OnlineStore on a Redis server (``redis.asyncio``, binary values)."""
+    """OnlineStore on Redis (``redis.asyncio``, binary values): features at ``url`` (one
+    Redis, or a Cluster for a ``redis+cluster://`` URL), the durable data at ``durable_url``
+    (unset = ``url``)."""
 
-    def __init__(self, url: str, namespace: str = "cascade", socket_timeout_s: float = 1.0) -> None:
-        self.url = url
+    def __init__(
+        self,
+        url: str,
+        namespace: str = "cascade",
+        durable_url: str | None = None,
+        socket_timeout_s: float = 1.0,
+    ) -> None:
+        durable_url = durable_url or url
+        if is_cluster(durable_url):
+            raise ValueError("the durable data (streams, answers) needs one Redis, not a Cluster")
+        self.url, self.durable_url = url, durable_url
+        self.cluster = is_cluster(url)
         self.prefix = f"{namespace}:s{SCHEMA}"
         self.socket_timeout_s = socket_timeout_s
-        self._client: aioredis.Redis | None = None
+        self._client: Any = None  # aioredis.Redis, or aioredis.RedisCluster
+        self._durable: aioredis.Redis | None = None
         self._append: Any = None
         self._lock_tokens: dict[str, str] = {}
 
     @property
     def client(self) -> aioredis.Redis:
+        """The features' client (a ``RedisCluster`` speaks the same commands)."""
         if self._client is None:
             raise RuntimeError("RedisStore.start() was not called")
         return self._client
 
+    @property
+    def durable(self) -> aioredis.Redis:
+        """The durable data's client (the features' one when a single URL serves both)."""
+        if self._durable is None:
+            raise RuntimeError("RedisStore.start() was not called")
+        return self._durable
+
     def key(self, *parts: object) -> str:
         return ":".join([self.prefix, *map(str, parts)])
 
-    async def start(self) -> None:
-        self._client = aioredis.Redis.from_url(
-            self.url,
-            decode_responses=False,
-            socket_timeout=self.socket_timeout_s,
-            socket_connect_timeout=self.socket_timeout_s,
+    def _options(self) -> dict[str, Any]:
+        return {
+            "decode_responses": False,
+            "socket_timeout": self.socket_timeout_s,
+            "socket_connect_timeout": self.socket_timeout_s,
             # after a Redis restart the pool's sockets are dead: check idle ones before use
             # and retry a call once on a fresh connection instead of failing it
-            health_check_interval=HEALTH_CHECK_S,
-            retry=Retry(NoBackoff(), 1),
-            retry_on_error=[RedisConnectionError],
-            max_connections=256,
-        )
-        self._append = self._client.register_script(APPEND_FEEDBACK)
+            "health_check_interval": HEALTH_CHECK_S,
+            "retry": Retry(NoBackoff(), 1),
+            "retry_on_error": [RedisConnectionError],
+            "max_connections": 256,
+        }
+
+    async def start(self) -> None:
+        self._durable = aioredis.Redis.from_url(self.durable_url, **self._options())
+        if self.cluster:  # a pool of max_connections per node, routed by each key's slot
+            self._client = aioredis.RedisCluster.from_url(node_url(self.url), **self._options())
+        elif self.url == self.durable_url:
+            self._client = self._durable
+        else:
+            self._client = aioredis.Redis.from_url(self.url, **self._options())
+        self._append = self._durable.register_script(APPEND_FEEDBACK)
 
     async def close(self) -> None:
-        if self._client is not None:
+        if self._client is not None and self._client is not self._durable:
             await self._client.aclose()
-            self._client = None
+        if self._durable is not None:
+            await self._durable.aclose()
+        self._client = self._durable = None
 
     async def ping(self) -> bool:
+        """Whether both roles' Redis answer."""
         try:
-            return bool(await self.client.ping())
+            clients = {id(c): c for c in (self.client, self.durable)}.values()
+            return all([bool(await client.ping()) for client in clients])
         except Exception:
             return False
 
     async def lookup(self, user_id: int) -> UserLookup:
-        pipe = self.client.pipeline(transaction=False)  # one round trip, two commands
+        pipe = self.client.pipeline(transaction=False)  # one round trip (per node of a Cluster)
         pipe.hgetall(self.key("user", user_id))
-        pipe.mget(
+        keys = [
             self.key("recent", user_id),
             self.key("seen", user_id),
             self.key("unavailable"),
             self.key("loaded"),
-        )
-        attributes, (recent, seen, unavailable, loaded) = await pipe.execute()
+        ]
+        if self.cluster:  # the keys are in different slots: one GET each, routed by slot
+            for key in keys:
+                pipe.get(key)
+            attributes, recent, seen, unavailable, loaded = await pipe.execute()
+        else:
+            pipe.mget(keys)
+            attributes, (recent, seen, unavailable, loaded) = await pipe.execute()
         user = None
         if attributes:
             user = UserRecord(
@@ -155,13 +199,13 @@ class RedisStore(OnlineStore):
         )
 
     async def read_feedback(self, count: int = 1000) -> list[dict[str, str]]:
-        entries: Any = await self.client.xrange(self.key("feedback"), count=count)
+        entries: Any = await self.durable.xrange(self.key("feedback"), count=count)
         return [{k.decode(): v.decode() for k, v in fields.items()} for _, fields in entries]
 
     async def append_impressions(
         self, records: Sequence[dict[str, str]], max_len: int, ttl_s: int
     ) -> None:
-        pipe = self.client.pipeline(transaction=False)
+        pipe = self.durable.pipeline(transaction=False)
         for record in records:
             pipe.xadd(self.key("impressions"), record, maxlen=max_len, approximate=True)  # type: ignore[arg-type]
             answer = Answer.of_impression(record).encode()
@@ -171,11 +215,11 @@ class RedisStore(OnlineStore):
     async def answers(self, request_ids: Sequence[str]) -> list[Answer | None]:
         if not request_ids:
             return []
-        found = await self.client.mget([self.key("answer", r) for r in request_ids])
+        found = await self.durable.mget([self.key("answer", r) for r in request_ids])
         return [None if v is None else Answer.decode(_text(v)) for v in found]
 
     async def first_hits(self, request_ids: Sequence[str], ttl_s: int) -> list[bool]:
-        pipe = self.client.pipeline(transaction=False)
+        pipe = self.durable.pipeline(transaction=False)
         for request_id in request_ids:
             pipe.set(self.key("hit", request_id), 1, nx=True, ex=ttl_s)
         return [bool(first) for first in await pipe.execute()]
@@ -185,7 +229,7 @@ class RedisStore(OnlineStore):
     ) -> list[StreamEntry]:
         if name not in STREAMS:
             raise ValueError(f"unknown stream {name!r}; one of {STREAMS}")
-        entries: Any = await self.client.xrange(self.key(name), min=f"({after}", count=count)
+        entries: Any = await self.durable.xrange(self.key(name), min=f"({after}", count=count)
         return [
             (i.decode(), {k.decode(): v.decode() for k, v in fields.items()})
             for i, fields in entries
@@ -193,11 +237,11 @@ class RedisStore(OnlineStore):
 
     async def durability(self) -> Durability:
         try:
-            config: Any = await self.client.config_get("append*")
+            config: Any = await self.durable.config_get("append*")
             settings = {_text(k): _text(v) for k, v in config.items()}
             aof, fsync = settings.get("appendonly") == "yes", settings.get("appendfsync", "?")
         except ResponseError:  # CONFIG disabled (managed Redis): INFO still says it
-            info = await self.client.info("persistence")
+            info = await self.durable.info("persistence")
             aof, fsync = int(info.get("aof_enabled", 0)) == 1, "unknown"
         if not aof:
             return Durability(False, "appendonly is off: a restart loses every event")
@@ -215,7 +259,7 @@ class RedisStore(OnlineStore):
 
     async def try_lock(self, name: str, ttl_s: float) -> bool:
         token = secrets.token_hex(8)
-        taken = await self.client.set(self.key("lock", name), token, nx=True, px=int(ttl_s * 1000))
+        taken = await self.durable.set(self.key("lock", name), token, nx=True, px=int(ttl_s * 1000))
         if taken:
             self._lock_tokens[name] = token
         return bool(taken)
@@ -223,7 +267,7 @@ class RedisStore(OnlineStore):
     async def unlock(self, name: str) -> None:
         token = self._lock_tokens.pop(name, None)
         if token is not None:  # delete only our own lock, never one that expired and was retaken
-            await self.client.eval(
+            await self.durable.eval(
                 "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end",
                 1,
                 self.key("lock", name),
