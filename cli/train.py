@@ -1,5 +1,9 @@
 """``cascade train``: the offline pipeline (with no arguments: all of it on MovieLens-100K);
-prints each model's test metrics and, as its last line, the path of ``report.json``."""
+prints each model's test metrics and, as its last line, the path of ``report.json``.
+
+Under torchrun (``torchrun --nproc_per_node N --no-python cascade train ...``) rank 0 runs
+the pipeline and the other ranks join its data-parallel training steps
+(``pipelines/training/distributed.py``; docs/scaling-out.md)."""
 
 from __future__ import annotations
 
@@ -69,6 +73,16 @@ def add_parser(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pipelines.training import distributed
+
+    with distributed.session():
+        if not distributed.is_main():
+            distributed.follow()
+            return 0
+        return _run_pipeline(args)
+
+
+def _run_pipeline(args: argparse.Namespace) -> int:
     from pipelines.pipeline import STEPS, run_pipeline
 
     overrides = {

@@ -7,6 +7,12 @@ straight into one column-major buffer at randomly permuted row positions (one ve
 scatter per column and chunk, no intermediate copy). The consumer only slices batches out
 of finished buffers, zero-copy. Memory holds ``workers + 2`` buffers at most, so datasets
 larger than memory stream.
+
+Data-parallel training (``rank`` of ``world``): each epoch, the shuffled chunks are laid end
+to end and cut into ``world`` equal runs of rows; a rank reads only the chunks of its run
+(the chunk at a cut is read by both neighbours, each keeping its part), so every rank has the
+same number of rows and of batches, and no rank reads the others' data. The ``rows % world``
+rows beyond the last cut are left out of that epoch.
 """
 
 from __future__ import annotations
@@ -61,6 +67,8 @@ class ParquetBatchLoader:
         drop_last: drop the final partial batch.
         seed: base seed; epoch ``e`` uses ``seed + e``.
         workers: threads building buffers ahead of the consumer.
+        rank, world: read only the ``rank``-th of ``world`` equal shares of each epoch's
+            rows (data-parallel training; ``batch_size`` is then the per-rank batch).
 
     Batch tensors are column-major views (``batch[name][:, j]`` is contiguous) and stay
     valid after later batches are drawn.
@@ -77,9 +85,13 @@ class ParquetBatchLoader:
         drop_last: bool = False,
         seed: int = 0,
         workers: int = 2,
+        rank: int = 0,
+        world: int = 1,
     ) -> None:
         if batch_size < 1 or buffer_chunks < 1 or workers < 1:
             raise ConfigError("batch_size, buffer_chunks and workers must be >= 1")
+        if world < 1 or not 0 <= rank < world:
+            raise ConfigError(f"rank {rank} is not one of the {world} ranks")
         if not paths:
             raise ConfigError("the dataloader needs at least one parquet file")
         self.paths = [Path(p) for p in paths]
@@ -89,6 +101,7 @@ class ParquetBatchLoader:
         self.drop_last = drop_last
         self.seed = seed
         self.workers = workers
+        self.rank, self.world = rank, world
         self.epoch = 0
         self.columns = {
             out: [c for g in names for c in column_names(self.paths[0], g)]
@@ -100,7 +113,8 @@ class ParquetBatchLoader:
         }
         metadata = [pq.ParquetFile(p).metadata for p in self.paths]
         self.chunks = [(f, g) for f, m in enumerate(metadata) for g in range(m.num_row_groups)]
-        self.num_rows = sum(m.num_rows for m in metadata)
+        self.chunk_rows = np.array([metadata[f].row_group(g).num_rows for f, g in self.chunks])
+        self.num_rows = sum(m.num_rows for m in metadata) // world  # this rank's rows
         keep_freed_memory()
 
     def __len__(self) -> int:
@@ -111,16 +125,37 @@ class ParquetBatchLoader:
         """One handle per file (a ParquetFile is not safe to share between threads)."""
         return [pq.ParquetFile(path, memory_map=True) for path in self.paths]
 
+    def _share(self, order: np.ndarray) -> list[tuple[int, int, int]]:
+        """This rank's ``(chunk, first row, end row)`` pieces of the chunks in ``order``:
+        the ``rank``-th of ``world`` equal runs of their rows laid end to end."""
+        if self.world == 1:
+            return [(int(c), 0, int(self.chunk_rows[c])) for c in order]
+        ends = np.cumsum(self.chunk_rows[order])
+        begin, end = self.rank * self.num_rows, (self.rank + 1) * self.num_rows
+        pieces = []
+        for chunk, chunk_end in zip(order, ends, strict=True):
+            chunk_begin = chunk_end - self.chunk_rows[chunk]
+            first, stop = max(begin, chunk_begin), min(end, chunk_end)
+            if first < stop:
+                pieces.append((int(chunk), int(first - chunk_begin), int(stop - chunk_begin)))
+        return pieces
+
     def _build_buffer(
-        self, files: list[pq.ParquetFile], chunks: np.ndarray, rng: np.random.Generator | None
+        self,
+        files: list[pq.ParquetFile],
+        pieces: list[tuple[int, int, int]],
+        rng: np.random.Generator | None,
     ) -> Batch:
-        """Read ``chunks`` and write them into column-major ``[n_columns, rows]`` arrays,
-        rows at the positions of a random permutation (in order without ``rng``)."""
+        """Read ``pieces`` (chunk, first row, end row) and write them into column-major
+        ``[n_columns, rows]`` arrays, rows at the positions of a random permutation (in
+        order without ``rng``)."""
         wanted = [c for names in self.columns.values() for c in names]
-        tables = [
-            files[f].read_row_group(g, columns=wanted, use_threads=False)
-            for f, g in (self.chunks[i] for i in chunks)
-        ]
+        tables = []
+        for chunk, first, stop in pieces:
+            f, g = self.chunks[chunk]
+            table = files[f].read_row_group(g, columns=wanted, use_threads=False)
+            whole = first == 0 and stop == self.chunk_rows[chunk]
+            tables.append(table if whole else table.slice(first, stop - first))
         table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
         rows = table.num_rows
         positions = rng.permutation(rows) if rng is not None else np.arange(rows)
@@ -141,8 +176,9 @@ class ParquetBatchLoader:
         self.epoch += 1
         rng = np.random.default_rng(epoch_seed)
         order = rng.permutation(len(self.chunks)) if self.shuffle else np.arange(len(self.chunks))
+        pieces = self._share(order)
         buffers = [
-            order[s : s + self.buffer_chunks] for s in range(0, len(order), self.buffer_chunks)
+            pieces[s : s + self.buffer_chunks] for s in range(0, len(pieces), self.buffer_chunks)
         ]
 
         # Every worker's handles are opened now, so a file replaced during the epoch is never
@@ -152,7 +188,8 @@ class ParquetBatchLoader:
             handles.put(self._open())
 
         def build(i: int) -> Batch:
-            shuffle_rng = np.random.default_rng([epoch_seed, i]) if self.shuffle else None
+            key = [epoch_seed, i] if self.world == 1 else [epoch_seed, i, self.rank]
+            shuffle_rng = np.random.default_rng(key) if self.shuffle else None
             files = handles.get()
             try:
                 return self._build_buffer(files, buffers[i], shuffle_rng)

@@ -15,6 +15,7 @@ Two losses, chosen by catalog size (``pipelines.training.retrieval``):
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -155,7 +156,15 @@ class TwoTower(nn.Module):
         """``[len(users), n_items]``: cosine over the temperature, plus each item's bias and
         ``shift`` (``[n_items]``, e.g. the log-Q correction), added in the same ``addmm``."""
         items = self.item(item_features, item_dense)
-        bias = self.item.bias_of(item_features)
+        return self._logits(users, items, self.item.bias_of(item_features), shift)
+
+    def _logits(
+        self,
+        users: torch.Tensor,
+        items: torch.Tensor,
+        bias: torch.Tensor | None,
+        shift: torch.Tensor | None,
+    ) -> torch.Tensor:
         if bias is not None:
             shift = bias if shift is None else bias + shift
         scaled = users / self.temperature
@@ -169,14 +178,27 @@ class TwoTower(nn.Module):
         item_dense: torch.Tensor,
         item_ids: torch.Tensor,
         log_q: torch.Tensor,
+        gather: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        offset: int = 0,
     ) -> torch.Tensor:
-        """In-batch softmax with log-Q correction; a duplicate of the positive is not a negative."""
+        """In-batch softmax with log-Q correction; a duplicate of the positive is not a negative.
+
+        Data-parallel, this batch is one rank's share of a global batch: ``gather`` puts
+        every rank's item-side rows together (gradients flowing back), and the positives of
+        this share sit at ``offset`` among them, so the negatives are the global batch's."""
         users = self.query(user_features, history)
-        logits = self.logits(users, item_features, item_dense, -log_q)
-        duplicate = item_ids[None, :] == item_ids[:, None]
-        duplicate.fill_diagonal_(False)
+        items = self.item(item_features, item_dense)
+        bias = self.item.bias_of(item_features)
+        candidates = item_ids
+        if gather is not None:
+            items, log_q, candidates = gather(items), gather(log_q), gather(item_ids)
+            bias = None if bias is None else gather(bias)
+        logits = self._logits(users, items, bias, -log_q)
+        rows = torch.arange(len(item_ids), device=logits.device)
+        duplicate = candidates[None, :] == item_ids[:, None]
+        duplicate[rows, rows + offset] = False
         logits = logits.masked_fill(duplicate, float("-inf"))
-        return F.cross_entropy(logits, torch.arange(len(item_ids), device=logits.device))
+        return F.cross_entropy(logits, rows + offset)
 
     def catalog_loss(
         self,

@@ -7,6 +7,7 @@ pipe) nothing per batch, and always one summary line per epoch.
 from __future__ import annotations
 
 import copy
+import functools
 import queue
 import random
 import sys
@@ -20,6 +21,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from pipelines.training.distributed import SINGLE, Replicas, data_parallel, decided, mean_over
 from pipelines.training.lazy_adam import LazyAdam
 
 
@@ -216,6 +218,7 @@ def train_epochs(
     batches_per_epoch: int | None = None,
     quiet: bool = False,
     report: Callable[[str], None] | None = None,
+    replicas: Replicas = SINGLE,
 ) -> list[dict[str, float]]:
     """Train ``model`` over ``epoch_batches(epoch)``; one record per epoch (mean loss + extras).
 
@@ -232,10 +235,18 @@ def train_epochs(
 
     ``report`` receives the one-line summary of each epoch (default: print); ``quiet``
     silences both the lines and the bar.
+
+    Data-parallel (``replicas.world`` > 1, every rank calling this with its own share of
+    each batch): the model is wrapped in DistributedDataParallel, so each step applies the
+    gradient of the global batch on every rank. Rank 0 alone validates (the others receive
+    its metrics, so all stop after the same epoch), reports and keeps the best weights; the
+    epoch's loss is the mean over the ranks.
     """
-    step = make_step(model, lambda batch: loss_fn(*batch), lr, weight_decay)
+    objective = data_parallel(model, loss_fn) if replicas.parallel else loss_fn
+    step = make_step(model, lambda batch: objective(*batch), lr, weight_decay)
     target = model_device(model)
     emit = report or print
+    quiet = quiet or not replicas.main
     history: list[dict[str, float]] = []
     best_value, best_state, best_index, stale = -float("inf"), None, -1, 0
     for epoch in range(epochs):
@@ -259,14 +270,16 @@ def train_epochs(
         total = float(running)
         trained = time.perf_counter()
         timing = f"(trained in {trained - started:.0f} s"
-        record: dict[str, float] = {"epoch": epoch + 1, "loss": total / max(count, 1)}
+        loss = mean_over(total / max(count, 1), replicas)
+        record: dict[str, float] = {"epoch": epoch + 1, "loss": loss}
         last = epoch == epochs - 1
         if stopping is not None and ((epoch + 1) % stopping.every == 0 or last):
-            record.update(stopping.validate(epoch))
+            record.update(decided(functools.partial(stopping.validate, epoch), replicas))
             timing += f", validated in {time.perf_counter() - trained:.0f} s"
             if record[stopping.monitor] > best_value:
                 best_value, best_index, stale = record[stopping.monitor], len(history), 0
-                best_state = copy.deepcopy(model.state_dict())
+                if replicas.main:  # the other ranks' weights are not used after training
+                    best_state = copy.deepcopy(model.state_dict())
             else:
                 stale += 1
         history.append(record)
@@ -280,7 +293,8 @@ def train_epochs(
                     f"validations without a better {stopping.monitor})"
                 )
             break
-    if best_state is not None:
-        model.load_state_dict(best_state)
+    if best_index >= 0:
+        if best_state is not None:
+            model.load_state_dict(best_state)
         history[best_index]["best"] = 1.0
     return history

@@ -24,6 +24,7 @@ from pipelines.evaluation.popularity_check import describe, popularity_check
 from pipelines.models.dlrm import DLRM
 from pipelines.storage import column_names, read_columns
 from pipelines.threads import all_cores
+from pipelines.training import distributed
 from pipelines.training.loop import (
     EarlyStopping,
     device,
@@ -91,24 +92,36 @@ def build_dlrm(workflow: Workflow, n_dense: int, config: TrainConfig) -> DLRM:
     return DLRM(tables, n_dense, dim=config.dlrm_dim)
 
 
+def dense_width(path: Path, schema: FeatureSchema) -> int:
+    """The number of dense inputs (DLRM's bottom MLP's width) of the split at ``path``."""
+    return sum(len(column_names(path, group)) for group in ranking_groups(schema)["dense"])
+
+
 def train_dlrm(
     model: DLRM,
     schema: FeatureSchema,
     workdir: Path,
-    valid: dict[str, np.ndarray],
+    valid: dict[str, np.ndarray] | None,
     config: TrainConfig,
     report: Callable[[str], None] | None = None,
-) -> tuple[list[dict[str, float]], np.ndarray]:
+) -> tuple[list[dict[str, float]], np.ndarray | None]:
     """Train with early stopping on validation AUC (keep-best); returns the curve and the
     kept epoch's validation logits (computed when it was validated, not a second time: at
-    1M items a pass over the validation rows takes seconds)."""
+    1M items a pass over the validation rows takes seconds).
+
+    Data-parallel (inside ``distributed.run_on_all``): each rank reads its share of the
+    training rows in batches of ``config.dlrm_batch / world``; rank 0 alone validates (the
+    other ranks pass no ``valid`` and get no logits)."""
     train_path = workdir / "ranking_train.parquet"
+    place = distributed.replicas()
     loader = ParquetBatchLoader(
         [train_path],
         split_groups(train_path, schema),
-        config.dlrm_batch,
+        place.share(config.dlrm_batch, "--dlrm-batch"),
         dtypes={"sparse": torch.int64},
         seed=config.seed,
+        rank=place.rank,
+        world=place.world,
     )
 
     def loss(batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -122,6 +135,7 @@ def train_dlrm(
     validated: dict[int, np.ndarray] = {}  # epoch -> its validation logits
 
     def validate(epoch: int) -> dict[str, float]:
+        assert valid is not None, "only rank 0 validates, with the validation split"
         logits = validated[epoch] = dlrm_logits(model, valid)
         return {
             "valid_auc": auc(valid["label"], logits),
@@ -139,9 +153,12 @@ def train_dlrm(
         stopping=EarlyStopping(validate, "valid_auc", config.patience),
         batches_per_epoch=len(loader),
         report=report,
+        replicas=place,
     )
     model.cpu()  # evaluation, the blend and export run on the CPU
     kept = [index for index, record in enumerate(curve) if record.get("best")]
+    if valid is None:
+        return curve, None
     if not kept:  # no epoch improved on -inf (an undefined AUC): the last weights stay
         return curve, dlrm_logits(model, valid)
     return curve, validated[kept[0]]
@@ -163,19 +180,34 @@ def _scores(labels: np.ndarray, logits: np.ndarray) -> dict[str, float]:
     return {"auc": auc(labels, logits), "logloss": logloss(labels, sigmoid(logits))}
 
 
-def run_ranking(
+def train_ranking_model(
     workdir: Path, config: TrainConfig, report: Callable[[str], None] | None = None
-) -> dict[str, Any]:
-    """Train, evaluate and save DLRM, the tree ranker and the blend weight (``report``: one
-    line per DLRM epoch and one for the trees)."""
+) -> tuple[Workflow, DLRM, list[dict[str, float]], dict[str, np.ndarray] | None, np.ndarray | None]:
+    """The workflow, the trained DLRM and its curve, and (on rank 0) the validation split
+    and its kept logits (``train_dlrm``), seeded."""
     seed_everything(config.seed)
     torch.set_num_threads(config.torch_threads)
     workflow = Workflow.load(workdir / "workflow")
     schema = workflow.schema
-    valid = ranking_inputs(workdir / "ranking_valid.parquet", schema)
+    main = distributed.replicas().main
+    valid = ranking_inputs(workdir / "ranking_valid.parquet", schema) if main else None
+    model = build_dlrm(workflow, dense_width(workdir / "ranking_train.parquet", schema), config)
+    curve, valid_logits = train_dlrm(model, schema, workdir, valid, config, report)
+    return workflow, model, curve, valid, valid_logits
+
+
+def run_ranking(
+    workdir: Path, config: TrainConfig, report: Callable[[str], None] | None = None
+) -> dict[str, Any]:
+    """Train, evaluate and save DLRM, the tree ranker and the blend weight (``report``: one
+    line per DLRM epoch and one for the trees). Under a launcher (torchrun) DLRM trains on
+    every rank (``train_ranking_model``), the rest on rank 0."""
+    workflow, model, dlrm_curve, valid, valid_dlrm = distributed.run_on_all(
+        train_ranking_model, workdir, config, report=report
+    )
+    assert valid is not None and valid_dlrm is not None  # rank 0's
+    schema = workflow.schema
     test = ranking_inputs(workdir / "ranking_test.parquet", schema)
-    model = build_dlrm(workflow, valid["dense"].shape[1], config)
-    dlrm_curve, valid_dlrm = train_dlrm(model, schema, workdir, valid, config, report)
 
     train = ranking_inputs(workdir / "ranking_train.parquet", schema)
     tree = TreeRanker()

@@ -27,6 +27,7 @@ from pipelines.models.two_tower import ItemTower, QueryTower, TwoTower
 from pipelines.models.two_tower_ensemble import TwoTowerEnsemble
 from pipelines.prepare import RetrievalData
 from pipelines.threads import all_cores
+from pipelines.training import distributed
 from pipelines.training.baselines import (
     SELECTION_METRIC,
     bpr_scores,
@@ -35,6 +36,7 @@ from pipelines.training.baselines import (
     train_bpr,
     train_ease,
 )
+from pipelines.training.distributed import SINGLE, Replicas
 from pipelines.training.item_neighbors import (
     REPORTED_BUDGET,
     REPORTED_SHARE,
@@ -133,6 +135,12 @@ class TwoTowerBatches:
     excluded)`` for ``TwoTower.catalog_loss``: ``excluded`` ``[B, n_items]`` marks each
     user's training positives (built from a users x items CSR index, again no per-row
     Python), so that none of them is a negative.
+
+    Data-parallel (``replicas.world`` > 1): every rank draws the same global batches (the
+    same seeded generator) and gathers only its own contiguous ``1/world`` of each; the
+    random draws are made for the whole global batch and sliced, so the ranks' shares put
+    together are the single process's batch. A last batch is cut to a multiple of the world
+    size (at most ``world - 1`` rows an epoch left out).
     """
 
     def __init__(
@@ -143,6 +151,7 @@ class TwoTowerBatches:
         full_softmax: bool = False,
         history_dropout: float = 0.0,
         user_id_dropout: float = 0.0,
+        replicas: Replicas = SINGLE,
     ) -> None:
         self.pairs = torch.from_numpy(data.positives["train"])
         self.user_features = torch.from_numpy(data.user_features)
@@ -156,6 +165,7 @@ class TwoTowerBatches:
         self.full_softmax = full_softmax
         self.history_dropout = history_dropout
         self.user_id_dropout = user_id_dropout
+        self.replicas = replicas
         order = torch.argsort(self.pairs[:, 0], stable=True)
         self.liked = self.pairs[order, 1]  # training positives grouped by user
         self.bounds = torch.searchsorted(
@@ -163,7 +173,8 @@ class TwoTowerBatches:
         )
 
     def __len__(self) -> int:
-        return -(-len(self.pairs) // self.batch)
+        full, rest = divmod(len(self.pairs), self.batch)
+        return full + (rest >= self.replicas.world)
 
     def excluded(self, users: torch.Tensor) -> torch.Tensor:
         """``[len(users), n_items]``: True where the item is one of the user's training
@@ -178,17 +189,22 @@ class TwoTowerBatches:
         mask[row, self.liked[torch.repeat_interleave(starts, lengths) + offsets]] = True
         return mask
 
-    def gather(self, rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def gather(self, batch_rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """This rank's share of the global batch ``batch_rows`` (all of it when alone)."""
+        size = len(batch_rows) // self.replicas.world
+        mine = slice(self.replicas.rank * size, (self.replicas.rank + 1) * size)
+        rows = batch_rows[mine]
         users, items = self.pairs[rows, 0], self.pairs[rows, 1]
         recent = self.history[users]
         hidden = recent == self.item_idx[items][:, None]
         if self.history_dropout > 0:
-            hidden |= torch.rand(recent.shape, generator=self.generator) < self.history_dropout
+            draws = torch.rand((len(batch_rows), recent.shape[1]), generator=self.generator)
+            hidden |= draws[mine] < self.history_dropout
         recent = recent.masked_fill(hidden, 0)
         features = self.user_features[users]
         if self.user_id_dropout > 0:
-            dropped = torch.rand(len(users), generator=self.generator) < self.user_id_dropout
-            features[:, 0] = features[:, 0].masked_fill(dropped, OOV_ID)
+            draws = torch.rand(len(batch_rows), generator=self.generator)
+            features[:, 0] = features[:, 0].masked_fill(draws[mine] < self.user_id_dropout, OOV_ID)
         if self.full_softmax:
             return features, recent, items, self.excluded(users)
         return (
@@ -202,7 +218,12 @@ class TwoTowerBatches:
 
     def epoch(self, _: int) -> Any:
         order = torch.randperm(len(self.pairs), generator=self.generator)
-        return (self.gather(rows) for rows in order.split(self.batch))
+        world = self.replicas.world
+        return (
+            self.gather(rows[: len(rows) - len(rows) % world])
+            for rows in order.split(self.batch)
+            if len(rows) >= world
+        )
 
 
 def train_retriever(
@@ -242,8 +263,13 @@ def train_two_tower(
     """Train with early stopping and keep-best on validation NDCG@10 (sampled users).
 
     The loss is the full softmax over the catalog when it has at most
-    ``config.full_softmax_max_items`` items, else in-batch sampled softmax with log-Q."""
+    ``config.full_softmax_max_items`` items, else in-batch sampled softmax with log-Q.
+    Data-parallel (inside ``distributed.run_on_all``): each rank trains on its share of
+    every global batch of ``config.two_tower_batch``, and the in-batch softmax's negatives
+    are the positives of the whole global batch (gathered from every rank)."""
     full = len(data.item_ids) <= config.full_softmax_max_items
+    place = distributed.replicas()
+    place.share(config.two_tower_batch, "--two-tower-batch")  # a ConfigError unless it divides
     batches = TwoTowerBatches(
         data,
         config.two_tower_batch,
@@ -251,17 +277,20 @@ def train_two_tower(
         full_softmax=full,
         history_dropout=config.history_dropout,
         user_id_dropout=config.user_id_dropout,
+        replicas=place,
     )
     model.to(device())  # batches are built on the CPU; train_epochs moves each one
     where = model_device(model)
     # the full softmax scores every item each step: its item inputs live beside the model
     catalog = on_device((batches.item_features, batches.item_dense), where) if full else ()
+    gather = distributed.gather_rows if place.parallel else None  # the global batch's negatives
 
     def loss(*batch: torch.Tensor) -> torch.Tensor:
         if full:
             features, history, targets, excluded = batch
             return model.catalog_loss(features, history, targets, excluded, *catalog)
-        return model.loss(*batch)
+        users, history, items, dense, ids, log_q = batch
+        return model.loss(users, history, items, dense, ids, log_q, gather, place.rank * len(ids))
 
     def validate(_: int) -> dict[str, float]:
         metrics = evaluate_split(two_tower_scores(model, data), data, "valid", config.valid_users)
@@ -282,6 +311,7 @@ def train_two_tower(
         batches_per_epoch=len(batches),
         report=report,
         quiet=quiet,
+        replicas=place,
     )
     model.cpu()  # evaluation and export run on the CPU
     return curve
@@ -354,20 +384,30 @@ def candidate_sources(
     return {"budget": budget, **{f"recall@{budget} {k}": v for k, v in recalls.items()}}
 
 
+def train_retrieval_models(
+    workdir: Path, config: TrainConfig, report: Callable[[str], None] | None = None
+) -> tuple[RetrievalData, Retriever, dict[str, list[dict[str, float]]]]:
+    """The data, the trained two-tower and its curves (``train_retriever``), seeded."""
+    seed_everything(config.seed)
+    torch.set_num_threads(config.torch_threads)
+    data = RetrievalData.load(workdir / "retrieval.npz")
+    workflow = Workflow.load(workdir / "workflow")
+    model = build_two_tower(workflow, data.item_dense.shape[1], config)
+    return data, model, train_retriever(model, data, config, report)
+
+
 def run_retrieval(
     workdir: Path, config: TrainConfig, report: Callable[[str], None] | None = None
 ) -> dict[str, Any]:
     """Train, evaluate and save; returns metrics, validation metrics, the popularity check
     and training curves (also saved as ``retrieval_result.json``).
 
-    ``report`` gets one line per epoch (see ``train_epochs``)."""
-    seed_everything(config.seed)
-    torch.set_num_threads(config.torch_threads)
+    ``report`` gets one line per epoch (see ``train_epochs``). Under a launcher (torchrun)
+    the two-tower trains on every rank (``train_retrieval_models``), the rest on rank 0."""
     emit = report or print
-    data = RetrievalData.load(workdir / "retrieval.npz")
-    workflow = Workflow.load(workdir / "workflow")
-    model = build_two_tower(workflow, data.item_dense.shape[1], config)
-    two_tower_curves = train_retriever(model, data, config, report)
+    data, model, two_tower_curves = distributed.run_on_all(
+        train_retrieval_models, workdir, config, report=report
+    )
     bpr, bpr_curve = train_bpr(data, config, report)
     ease, ease_info = train_ease(data, config, report)
     started = time.perf_counter()
