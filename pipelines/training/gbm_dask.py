@@ -79,8 +79,8 @@ def _read(
     names = pq.ParquetFile(path).schema_arrow.names
     weight = [WEIGHT] if WEIGHT in names else []
     table = pq.ParquetFile(path).read_row_groups(list(groups), [*sparse, *dense, LABEL, *weight])
-    column = {name: table.column(name).to_numpy() for name in table.column_names}
-    inputs = {
+    column: dict[str, np.ndarray] = {n: table.column(n).to_numpy() for n in table.column_names}
+    inputs: dict[str, np.ndarray] = {
         "sparse": np.stack([column[c] for c in sparse], axis=1).astype(np.int64),
         "dense": np.stack([column[c] for c in dense], axis=1).astype(np.float32),
     }
