@@ -48,7 +48,7 @@ def _controller(args: argparse.Namespace, plan: RolloutPlan | None = None) -> Ro
     from services.state.desired_state import make_desired_state_store
 
     settings = _settings(args)
-    url, namespace = settings.redis.url, settings.redis.namespace
+    url, namespace = settings.redis.durable, settings.redis.namespace
     return RolloutController(
         settings.artifacts,
         make_registry(settings),
