@@ -164,10 +164,10 @@ class SplitCounts(BaseModel):
         (a rollout record saved before buckets were kept)."""
         if sum(self.buckets.values()) != self.control + self.canary:
             return None
-        dense = np.zeros(SPLIT_BUCKETS)
-        for bucket, count in self.buckets.items():
-            dense[int(bucket)] = count
-        return dense
+        size = len(self.buckets)
+        keys = np.fromiter(self.buckets.keys(), np.int64, size)
+        values = np.fromiter(self.buckets.values(), np.float64, size)
+        return np.bincount(keys, values, SPLIT_BUCKETS)
 
 
 class RolloutRecord(BaseModel):

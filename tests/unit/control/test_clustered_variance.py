@@ -19,10 +19,13 @@ from control.rollout.analysis import (
     srm_test,
 )
 from control.rollout.state import (
+    SPLIT_BUCKETS,
     USER_CLUSTERS,
     ArmCounts,
     RolloutRecord,
+    assigned_split_variance,
     cluster_ratio_variance,
+    user_bucket,
     user_cluster,
 )
 
@@ -133,18 +136,31 @@ def test_a_canary_thirty_percent_worse_still_fails_with_the_clustered_variance()
     assert rate >= 0.8, f"power against a 30 % drop {rate:.3f}"
 
 
-def _split_fail_rate(clustered: bool, reps: int = 300, seed: int = 6) -> float:
-    """Users (not requests) are assigned 20 % to the canary; activity differs a lot between
-    users. The share of rollouts whose split test ever halts over 10 looks."""
+def _split_fail_rate(
+    clustered: bool,
+    reps: int = 300,
+    seed: int = 6,
+    users: int = 2_000,
+    looks: int = 10,
+    share: float = 0.2,
+    heavy: bool = False,
+    buckets: bool = True,
+) -> float:
+    """Users (not requests) are assigned to the canary at ``share``; activity differs a lot
+    between users (``heavy``: Pareto(2), a few users make most requests, as in the rollout
+    bench). The share of rollouts whose split test ever halts over ``looks`` looks;
+    ``buckets`` False: a record without request buckets (the residuals between clusters)."""
     rng = np.random.default_rng(seed)
-    users, looks = 2_000, 10
     halted = 0
+    ids = np.array([user_bucket(str(user)) for user in range(users)])
     for _ in range(reps):
-        activity = rng.gamma(0.3, 3.0, size=users)
-        on_canary = rng.random(users) < 0.2
-        record = RolloutRecord(id="x", version=2, production=1, weights=[0.2])
-        split = record.split("0.2")
-        clusters = np.arange(users) % USER_CLUSTERS
+        activity = rng.pareto(2.0, users) + 1 if heavy else rng.gamma(0.3, 3.0, size=users)
+        activity *= 1_200 / activity.sum() if heavy else 1.0  # 40 answers/s, 30 s looks
+        on_canary = rng.random(users) < share
+        record = RolloutRecord(id="x", version=2, production=1, weights=[share])
+        split = record.split(f"{share:g}")
+        clusters = ids % USER_CLUSTERS
+        asked = np.zeros(SPLIT_BUCKETS, int)  # requests per bucket so far
         for _ in range(looks):
             requests = rng.poisson(activity)
             split.control += int(requests[~on_canary].sum())
@@ -154,6 +170,9 @@ def _split_fail_rate(clustered: bool, reps: int = 300, seed: int = 6) -> float:
                 split.clusters[arm] = (
                     (np.asarray(split.clusters[arm]) + counts).astype(int).tolist()
                 )
+            if buckets:
+                asked += np.bincount(ids, requests, SPLIT_BUCKETS).astype(int)
+                split.buckets = {int(b): int(asked[b]) for b in np.flatnonzero(asked)}
             control, canary, weight, variance = record.split_test_counts()
             spread = variance if clustered else None
             _, p = srm_test(control, canary, weight, spread, CONFIG.srm_tau)
@@ -165,6 +184,31 @@ def _split_fail_rate(clustered: bool, reps: int = 300, seed: int = 6) -> float:
 
 def test_the_split_test_on_users_who_differ_holds_its_level_with_the_clustered_variance():
     assert _split_fail_rate(clustered=True) <= 0.01
+    assert _split_fail_rate(clustered=True, reps=100, buckets=False) <= 0.01  # older records
+
+
+def test_the_split_test_holds_its_level_when_a_few_heavy_users_decide_a_small_share():
+    # the rollout bench's population: 950 users, Pareto(2) activity, a 5 % first step
+    rate = _split_fail_rate(clustered=True, reps=120, users=950, looks=30, share=0.05, heavy=True)
+    assert rate <= 0.01, f"healthy rollouts halted by the split test: {rate:.3f}"
+
+
+def test_the_assigned_variance_is_the_per_user_formula_when_no_users_share_a_bucket():
+    requests = {str(user): 1 + user % 7 for user in range(40)}
+    assert len({user_bucket(user) for user in requests}) == 40  # no collisions among these
+    record = RolloutRecord(id="x", version=2, production=1, weights=[0.05, 0.25])
+    for user, count in requests.items():
+        for _ in range(count):
+            record.split("0.05").add(user, canary=False)
+            record.split("0.25").add(user, canary=True)
+    *_, variance = record.split_test_counts()
+    n = np.array(list(requests.values()), np.float64)
+    # each user's requests under 5 % and under 25 %: min(w_s, w_t) - w_s w_t for each pair
+    weight = 0.05 * 0.95 + 0.25 * 0.75 + 2 * (0.05 - 0.05 * 0.25)
+    # less what users hashed at random would share a bucket in expectation
+    per_user = (float(n @ n) - n.sum() ** 2 / SPLIT_BUCKETS) / (1 - 1 / SPLIT_BUCKETS)
+    assert variance == pytest.approx(weight * per_user)
+    assert assigned_split_variance([0.5], [np.zeros(SPLIT_BUCKETS)]) == 0.0
 
 
 def test_the_split_test_on_requests_alone_halts_healthy_rollouts_when_users_differ():
