@@ -50,11 +50,16 @@ def table_slots(version: int, table: str, buckets: int = BUCKETS) -> np.ndarray:
     return slots
 
 
+@functools.lru_cache(maxsize=4096)
+def _heads(prefix: bytes, version: int, table: str, buckets: int) -> tuple[bytes, ...]:
+    return tuple(prefix + bucket_tag(version, table, b) + b":" for b in range(buckets))
+
+
 def row_names(
     prefix: bytes, version: int, table: str, rows: np.ndarray, buckets: int = BUCKETS
 ) -> list[bytes]:
     """The keys of ``rows``: ``prefix``, the row's bucket tag, ``:``, the row."""
-    heads = [prefix + bucket_tag(version, table, b) + b":" for b in range(buckets)]
+    heads = _heads(prefix, version, table, buckets)
     of_row = (rows % buckets).tolist()
     return [heads[b] + b"%d" % row for b, row in zip(of_row, rows.tolist(), strict=True)]
 
