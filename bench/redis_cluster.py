@@ -19,6 +19,10 @@ rows over the nodes (largest node's share / mean share). One thread, loopback: i
 the client and round-trip cost of a layout, not a cluster's capacity
 (docs/benchmarks/redis_cluster.md).
 
+Then the feature store: ``RedisStore.lookup`` of ``--lookups`` random users out of
+``--users`` from one Redis and from the cluster (features on the cluster, streams on the one
+Redis), interleaved.
+
 Prints a table, then one JSON object as the last line (also bench/results/redis_cluster.json).
 
     python bench/redis_cluster.py [--rows 200000] [--batches 200] [--sizes 100,500,2000]
@@ -27,6 +31,7 @@ Prints a table, then one JSON object as the last line (also bench/results/redis_
 from __future__ import annotations
 
 import argparse
+import asyncio
 import shutil
 import tempfile
 import time
@@ -40,6 +45,8 @@ from publish import publish
 from services.embedding_cache.backing import RedisRows
 from services.embedding_cache.cluster import BUCKETS, SLOTS, ClusterReader, table_slots
 from services.embedding_cache.resp import RespConnection
+from services.stores.base import UserRecord
+from services.stores.redis import RedisStore
 from services.util.local_redis import start_redis_server
 from services.util.local_redis_cluster import start_redis_cluster
 
@@ -85,6 +92,47 @@ def node_spread(url: str, buckets: int, rows: int) -> float:
     return round(float(per_node.max() / per_node.mean()), 3)
 
 
+async def feature_lookups(single_url: str, cluster_url: str, users: int, lookups: int) -> dict:
+    """``RedisStore.lookup`` (one user's features: one pipelined round trip) from one Redis
+    and from the cluster, interleaved; ``vs_single`` as for the rows."""
+    stores = {
+        "single": RedisStore(single_url, "bench"),
+        "cluster": RedisStore(cluster_url, "bench", durable_url=single_url),
+    }
+    rng = np.random.default_rng(1)
+    attributes = {"age": "30", "zip_code": "01234"}
+    records = [
+        UserRecord(u, attributes, rng.integers(0, 10**5, 20), rng.integers(0, 10**5, 200))
+        for u in range(users)
+    ]
+    seconds: dict[str, list[float]] = {name: [] for name in stores}
+    try:
+        for store in stores.values():
+            await store.start()
+            await store.write_users(records)
+            await store.mark_loaded(1, users)
+        for i, user in enumerate(rng.integers(0, users, lookups).tolist()):
+            for name in ("single", "cluster") if i % 2 else ("cluster", "single"):
+                started = time.perf_counter()
+                found = await stores[name].lookup(user)
+                seconds[name].append(time.perf_counter() - started)
+                if found.user is None or not found.loaded:
+                    raise AssertionError(f"user {user} not found on {name}")
+    finally:
+        for store in stores.values():
+            await store.close()
+    single, clustered = np.asarray(seconds["single"]), np.asarray(seconds["cluster"])
+    return {
+        name: {
+            "lookups_per_s": round(len(taken) / taken.sum()),
+            "p50_ms": round(float(np.percentile(taken, 50)) * 1000, 3),
+            "p99_ms": round(float(np.percentile(taken, 99)) * 1000, 3),
+            "vs_single": round(float(np.median(single / taken)), 3),
+        }
+        for name, taken in (("single", single), ("cluster", clustered))
+    }
+
+
 def check(got: tuple[np.ndarray, np.ndarray], table: np.ndarray, keys: np.ndarray) -> None:
     rows, found = got
     if not found.all() or not np.array_equal(rows, table[keys]):
@@ -99,6 +147,8 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--batches", type=int, default=200, help="measured batches per size")
     parser.add_argument("--sizes", default="100,500,2000", help="rows per batch")
+    parser.add_argument("--users", type=int, default=10_000, help="users of the feature store")
+    parser.add_argument("--lookups", type=int, default=2_000, help="measured feature lookups")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     rng = np.random.default_rng(0)
@@ -163,6 +213,12 @@ def main() -> None:
                 ),
                 flush=True,
             )
+        features = asyncio.run(feature_lookups(url, cluster.url, args.users, args.lookups))
+        print(
+            f"feature lookups: single p50 {features['single']['p50_ms']} ms | cluster "
+            f"{features['cluster']['vs_single']}x p50 {features['cluster']['p50_ms']} ms",
+            flush=True,
+        )
     finally:
         for reader in readers:
             reader.close()
@@ -180,6 +236,7 @@ def main() -> None:
             "chosen_buckets": BUCKETS,
             "write_s": writes,
             "results": results,
+            "feature_lookups": features,
         },
     )
 
