@@ -81,8 +81,9 @@ class BagDLRM(nn.Module):
             values=sparse.t().reshape(-1),  # feature-major: every row's id of feature 0 first
             lengths=torch.ones(n_tables * batch, dtype=torch.int32, device=sparse.device),
         )
-        pooled = self.ebc(ids).values()  # [B, T * dim], tables in key order
-        return self.dense_part(dense, pooled.view(batch, n_tables, self.dim))
+        # by name: a sharded collection's output lists the features in its shards' order
+        pooled = self.ebc(ids).to_dict()
+        return self.dense_part(dense, torch.stack([pooled[f] for f in self.features], dim=1))
 
     @classmethod
     def from_dlrm(cls, dlrm: DLRM, device: torch.device | None = None) -> BagDLRM:

@@ -28,8 +28,10 @@ from pipelines.training.sharded import (
 )
 
 COLUMN_WISE = "column_wise"
-CARDINALITIES = [40, 3000, 7, 500]  # small and large tables: the planner spreads them
-N_DENSE, DIM, BATCH, LR = 5, 8, 64, 0.05
+# ten tables, small and large: the planner spreads them and places some later table on a
+# lower rank than an earlier one (the sharded output's order is then not the features')
+CARDINALITIES = [300, 400, 3, 7, 21, 100, 80, 19, 24, 7]
+N_DENSE, DIM, BATCH, LR = 5, 16, 64, 0.05
 
 
 def batch(seed: int, rows: int) -> dict[str, torch.Tensor]:
