@@ -23,6 +23,7 @@ from services.inference.embeddings import read_table_spec
 from services.inference.models import RankingModel
 from services.settings import FeedbackSettings, RedisSettings, Settings
 from services.state.retrain_queue import make_retrain_queue
+from services.stores.monitor import StoreMonitor
 from services.stores.redis import RedisStore
 from services.util.local_redis import start_redis_server
 from services.util.local_redis_cluster import LocalCluster
@@ -149,6 +150,16 @@ async def test_features_on_the_cluster_equal_one_redis(
                 np.testing.assert_array_equal(got.user.recent, expected.user.recent)
                 np.testing.assert_array_equal(got.user.seen, expected.user.seen)
         assert min(keys_per_node(cluster, f"{NAMESPACE}:s*:user:*")) > 0
+
+        # the cluster is rebuildable: emptied, the gateways' monitor reloads its users
+        # (under the reload lock, which lives in the durable Redis)
+        flush(cluster)
+        assert not (await on_cluster.lookup(int(users.iloc[0]))).loaded
+        monitor = StoreMonitor(on_cluster, exported / "releases" / "1", auto_materialize=True)
+        assert await monitor.check() == "ok"
+        reloaded = await on_cluster.lookup(int(users.iloc[0]))
+        assert reloaded.loaded and reloaded.user is not None
+        assert sum(keys_per_node(cluster, f"{NAMESPACE}:s*:user:*")) == len(users)
     finally:
         await single.close()
         await on_cluster.close()
