@@ -231,3 +231,21 @@ def test_a_cluster_without_a_durable_redis_is_refused(
     assert main(["materialize", "--redis-url", cluster.url]) == code
     assert message in capsys.readouterr().err
     assert sum(keys_per_node(cluster)) == 0
+
+
+def test_gc_deletes_a_versions_rows_on_every_node(cluster: LocalCluster) -> None:
+    from control.retention import _EmbeddingRows
+
+    rows = RedisRows(cluster.url, "gc", timeout_s=5.0)
+    try:
+        for version in (1, 2):
+            rows.write_table(version, "t", np.full((3_000, 4), version, np.float32))
+            rows.mark_complete(version, {"t": 3_000}, 4)
+        assert min(keys_per_node(cluster, "gc:emb:v1:*")) > 0
+        assert _EmbeddingRows(cluster.url, "gc").delete(1) == 3_001  # the marker and each row
+        assert sum(keys_per_node(cluster, "gc:emb:v1:*")) == 0
+        assert rows.stored_tables(1) is None and rows.stored_tables(2) is not None
+        kept, found = rows.fetch(2, "t", np.arange(3_000), 4)
+        assert found.all() and (kept == 2).all()
+    finally:
+        rows.close()
