@@ -10,7 +10,7 @@
   logging) over HTTP and gRPC, keyed by the control key from a Secret, HTTP and gRPC on
   loopback;
 - every Deployment with more than one pod (or an autoscaler): a PodDisruptionBudget, and
-  topology spread or pod anti-affinity.
+  topology spread or pod anti-affinity; no PDB with both minAvailable and maxUnavailable.
 Prints one line per problem; exit 1 when there is any.
 """
 
@@ -133,7 +133,13 @@ def availability_problems(docs: list[dict[str, Any]]) -> list[str]:
         d["spec"]["scaleTargetRef"]["name"] for d in docs if d["kind"] == "HorizontalPodAutoscaler"
     }
     budgets = [d["spec"]["selector"] for d in docs if d["kind"] == "PodDisruptionBudget"]
-    problems = []
+    problems = [
+        f"PodDisruptionBudget/{d['metadata']['name']}: sets both minAvailable and "
+        "maxUnavailable (the API server refuses it)"
+        for d in docs
+        if d["kind"] == "PodDisruptionBudget"
+        and {"minAvailable", "maxUnavailable"} <= set(d["spec"])
+    ]
     for doc in docs:
         if doc["kind"] != "Deployment":
             continue
