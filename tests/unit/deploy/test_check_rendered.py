@@ -76,7 +76,7 @@ def rendering() -> list[dict[str, Any]]:
             "spec": {"template": {"metadata": {"labels": dict(LABELS)}, "spec": pod}},
         },
         {"kind": "HorizontalPodAutoscaler", "spec": {"scaleTargetRef": {"name": "gw"}}},
-        {"kind": "PodDisruptionBudget", "spec": {"selector": selector}},
+        {"kind": "PodDisruptionBudget", "metadata": {"name": "gw"}, "spec": {"selector": selector}},
     ]
 
 
@@ -147,3 +147,12 @@ def test_a_single_pod_deployment_needs_neither() -> None:
     docs[0]["spec"]["replicas"] = 1
     del docs[0]["spec"]["template"]["spec"]["topologySpreadConstraints"]
     assert check_rendered.check(docs) == []
+
+
+def test_a_pdb_with_both_bounds_fails() -> None:
+    docs = rendering()
+    docs[2]["spec"].update(minAvailable=1, maxUnavailable=1)
+    assert check_rendered.check(docs) == [
+        "PodDisruptionBudget/gw: sets both minAvailable and maxUnavailable (the API server "
+        "refuses it)"
+    ]
