@@ -19,6 +19,7 @@ from cli.main import main
 from control.registry import make_registry
 from services.embedding_cache.backing import RedisRows
 from services.embedding_cache.cache import HierarchicalEmbeddingCache
+from services.embedding_cache.cluster import key_slot
 from services.inference.embeddings import read_table_spec
 from services.inference.models import RankingModel
 from services.settings import FeedbackSettings, RedisSettings, Settings
@@ -231,6 +232,13 @@ def test_a_cluster_without_a_durable_redis_is_refused(
     assert main(["materialize", "--redis-url", cluster.url]) == code
     assert message in capsys.readouterr().err
     assert sum(keys_per_node(cluster)) == 0
+
+
+def test_key_slots_are_the_clusters(cluster: LocalCluster) -> None:
+    names = [b"a{}b", b"{a}{b}", b"}{x}", b"cascade:emb:v3:user:{v3:user:17}:12305", b"plain"]
+    with redis.Redis.from_url(cluster.node_urls()[0]) as node:
+        for name in names:
+            assert key_slot(name) == node.cluster("KEYSLOT", name), name
 
 
 def test_gc_deletes_a_versions_rows_on_every_node(cluster: LocalCluster) -> None:
