@@ -303,6 +303,7 @@ class StateFollower:
         missing = self.convergence()
         last = self.reconciler.last
         return {
+            "replica": self.replica,  # the name the controller's replicas_behind uses
             "desired": None if self.desired is None else self.desired.model_dump(),
             "applied_revision": self.applied_revision,
             "reachable": self.reachable,
