@@ -32,6 +32,7 @@ from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
 from torchrec.distributed.types import ShardingPlan, ShardingType
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 from torchrec.optim.optimizers import in_backward_optimizer_filter
@@ -46,6 +47,7 @@ from pipelines.models.dlrm_sharded import BagDLRM, table_name, to_bag_state, to_
 from pipelines.training.ranking import split_groups
 
 SPARSE_EPS = 1e-8  # the tables' Adagrad epsilon (FBGEMM's default too)
+RESERVED_MEMORY = 0.15  # share of a rank's memory the planner leaves to all but the tables
 SCORE_ROWS = 65_536  # rows per scoring forward pass: bounds the activations' memory
 
 
@@ -109,12 +111,25 @@ def plan_sharding(
         )
         for j in range(n_tables)
     }
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", ranks.world))
+    memory: dict[str, int] = {}  # what a rank may hold: this host's, not the planner's default
+    if ranks.device.type == "cuda":
+        memory["hbm_cap"] = torch.cuda.get_device_properties(ranks.device).total_memory
+    else:
+        memory["ddr_cap"] = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // local_world
     topology = Topology(
         world_size=ranks.world,
         compute_device=ranks.device.type,
-        local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", ranks.world)),
+        local_world_size=local_world,
+        **memory,
     )
-    planner = EmbeddingShardingPlanner(topology=topology, constraints=constraints)
+    planner = EmbeddingShardingPlanner(
+        topology=topology,
+        constraints=constraints,
+        # a fixed share kept for the dense layers, activations and buffers (TorchRec warns
+        # that its default heuristic over-estimates them)
+        storage_reservation=FixedPercentageStorageReservation(RESERVED_MEMORY),
+    )
     group = dist.GroupMember.WORLD
     assert group is not None  # process_group() started it
     return planner.collective_plan(model, sharders, group)
