@@ -10,14 +10,18 @@
   logging) over HTTP and gRPC, keyed by the control key from a Secret, HTTP and gRPC on
   loopback;
 - every Deployment with more than one pod (or an autoscaler): a PodDisruptionBudget, and
-  topology spread or pod anti-affinity; no PDB with both minAvailable and maxUnavailable.
+  topology spread or pod anti-affinity; no PDB with both minAvailable and maxUnavailable;
+- every AlertmanagerConfig: the inhibitions of monitoring/alertmanager/alertmanager.yml, the
+  same ones (the compose stack's Alertmanager and the operator's must hold back alike).
 Prints one line per problem; exit 1 when there is any.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -27,6 +31,8 @@ LONG_RUNNING = {"Deployment", "StatefulSet", "DaemonSet"}
 PROBES = ("startupProbe", "readinessProbe", "livenessProbe")
 RESTRICTED = {"model-repository", "shared-memory", "trace", "logging"}
 CONTROL_KEY_ENV = "CASCADE_TRITON__CONTROL_KEY"
+ALERTMANAGER_YML = Path(__file__).resolve().parents[2] / "monitoring/alertmanager/alertmanager.yml"
+MATCHER = re.compile(r'^\s*(\w+)\s*(=~|!~|!=|=)\s*"?(.*?)"?\s*$')
 
 
 def pod_spec(doc: dict[str, Any]) -> dict[str, Any]:
@@ -159,14 +165,51 @@ def availability_problems(docs: list[dict[str, Any]]) -> list[str]:
     return problems
 
 
+def _inhibition(source: list[tuple], target: list[tuple], equal: list[str]) -> tuple:
+    return (tuple(sorted(source)), tuple(sorted(target)), tuple(sorted(equal)))
+
+
+def alertmanager_inhibitions(path: Path = ALERTMANAGER_YML) -> set[tuple]:
+    """The inhibit_rules of an Alertmanager configuration file, as comparable tuples."""
+    rules = set()
+    for rule in yaml.safe_load(path.read_text()).get("inhibit_rules", []):
+        sides = []
+        for key in ("source_matchers", "target_matchers"):
+            matches = [MATCHER.match(text) for text in rule.get(key, [])]
+            if not all(matches):
+                raise ValueError(f"{path}: cannot read the matchers {rule.get(key)}")
+            sides.append([m.groups() for m in matches if m])
+        rules.add(_inhibition(sides[0], sides[1], rule.get("equal", [])))
+    return rules
+
+
+def inhibition_problems(doc: dict[str, Any], expected: set[tuple]) -> list[str]:
+    """An AlertmanagerConfig whose inhibitions differ from alertmanager.yml's."""
+
+    def side(items: list[dict[str, str]]) -> list[tuple]:
+        return [(i["name"], i.get("matchType", "="), i["value"]) for i in items]
+
+    found = {
+        _inhibition(
+            side(r.get("sourceMatch", [])), side(r.get("targetMatch", [])), r.get("equal", [])
+        )
+        for r in doc.get("spec", {}).get("inhibitRules", [])
+    }
+    problems = [f"lacks the inhibition {rule} of alertmanager.yml" for rule in expected - found]
+    return problems + [f"has an inhibition alertmanager.yml lacks: {r}" for r in found - expected]
+
+
 def check(docs: Iterable[dict[str, Any] | None]) -> list[str]:
     """Every problem of the rendered documents, one line each."""
     objects = [doc for doc in docs if doc]
     problems = []
     for doc in objects:
+        name = f"{doc.get('kind')}/{doc.get('metadata', {}).get('name')}"
         if doc.get("kind") in WORKLOADS:
-            name = f"{doc['kind']}/{doc['metadata']['name']}"
             problems += [f"{name}: {problem}" for problem in workload_problems(doc)]
+        if doc.get("kind") == "AlertmanagerConfig":
+            expected = alertmanager_inhibitions()
+            problems += [f"{name}: {problem}" for problem in inhibition_problems(doc, expected)]
     return problems + availability_problems(objects)
 
 

@@ -156,3 +156,41 @@ def test_a_pdb_with_both_bounds_fails() -> None:
         "PodDisruptionBudget/gw: sets both minAvailable and maxUnavailable (the API server "
         "refuses it)"
     ]
+
+
+def alertmanager_config(rules: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "kind": "AlertmanagerConfig",
+        "metadata": {"name": "c"},
+        "spec": {"inhibitRules": rules},
+    }
+
+
+def chart_rules() -> list[dict[str, Any]]:
+    """alertmanager.yml's inhibitions written as the operator's AlertmanagerConfig has them."""
+    rules = []
+    for source, target, equal in check_rendered.alertmanager_inhibitions():
+        rule: dict[str, Any] = {
+            "sourceMatch": [{"name": n, "matchType": t, "value": v} for n, t, v in source],
+            "targetMatch": [{"name": n, "matchType": t, "value": v} for n, t, v in target],
+        }
+        if equal:
+            rule["equal"] = list(equal)
+        rules.append(rule)
+    return rules
+
+
+def test_the_operators_inhibitions_must_be_alertmanager_ymls() -> None:
+    assert len(chart_rules()) >= 3  # the breaker, whole-job and Triton-down inhibitions
+    assert check_rendered.check([alertmanager_config(chart_rules())]) == []
+    missing = chart_rules()[1:]
+    assert any(
+        "lacks the inhibition" in p for p in check_rendered.check([alertmanager_config(missing)])
+    )
+    extra = [
+        *chart_rules(),
+        {"sourceMatch": [{"name": "alertname", "value": "X"}], "targetMatch": []},
+    ]
+    assert any(
+        "alertmanager.yml lacks" in p for p in check_rendered.check([alertmanager_config(extra)])
+    )
