@@ -16,7 +16,7 @@ import pandas as pd
 
 _HALF = 26  # mantissa bits in the low half
 _MASK = (1 << _HALF) - 1
-_CHUNK = 1 << 25  # rows summed by one float64 bincount: 2^27 x 2^25 < 2^53, still exact
+_CHUNK = 1 << 14  # rows per pass: small arrays stay in cache and memory is reused
 
 
 @dataclass(frozen=True)
@@ -31,25 +31,76 @@ class ExactSums:
     lo: np.ndarray  # int64 per bucket
 
     @classmethod
-    def of(cls, keys: np.ndarray, values: np.ndarray, size: int) -> ExactSums:
-        """Sums of finite ``values`` grouped by ``keys`` (ints in ``range(size)``)."""
-        keys = np.asarray(keys, dtype=np.int64)
-        values = np.asarray(values, dtype=np.float64)
+    def of(
+        cls, keys: np.ndarray | int, values: np.ndarray, size: int, squared: bool = False
+    ) -> ExactSums:
+        """Sums of finite ``values`` (of their squares with ``squared``: float32 values
+        only, whose squares float64 holds exactly) grouped by ``keys`` (ints in
+        ``range(size)``, or one int for every row)."""
+        values = np.asarray(values)
+        if values.dtype != np.float32:
+            if squared:
+                raise ValueError("exact sums of squares need float32 values")
+            values = values.astype(np.float64, copy=False)
         if not np.isfinite(values).all():
             raise ValueError("exact sums need finite values")
+        keys = np.asarray(keys, dtype=np.int64)
         parts = [
-            cls._chunk(keys[start : start + _CHUNK], values[start : start + _CHUNK], size)
+            cls._chunk(
+                keys if keys.ndim == 0 else keys[start : start + _CHUNK],
+                values[start : start + _CHUNK],
+                size,
+                squared,
+            )
             for start in range(0, len(values), _CHUNK)
         ]
         return cls.merge(parts, size)
 
+    @staticmethod
+    def _split(values: np.ndarray, squared: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Integer mantissas and exponents from the bits: value (or its square) is
+        ``mantissa * 2**(exponent - 53)``. Subnormals share the smallest exponent."""
+        if values.dtype == np.float32:  # int64 throughout: mixed widths cast slowly
+            bits = np.ascontiguousarray(values).view(np.int32).astype(np.int64)
+            biased = (bits >> 23) & 0xFF
+            magnitude = (bits & 0x7FFFFF) | (np.minimum(biased, 1) << 23)
+            if squared:  # m**2 * 2**(2 * (e - 150)): below 2**48, exact
+                return magnitude * magnitude, 2 * np.maximum(biased, 1) - 247
+            exponent = np.maximum(biased, 1) - 97
+        else:
+            bits = np.ascontiguousarray(values).view(np.int64)
+            biased = (bits >> 52) & 0x7FF
+            magnitude = (bits & ((1 << 52) - 1)) | (np.minimum(biased, 1) << 52)
+            exponent = np.maximum(biased, 1) - 1022
+        sign = bits >> 63  # -1 where negative
+        return (magnitude ^ sign) - sign, exponent
+
     @classmethod
-    def _chunk(cls, keys: np.ndarray, values: np.ndarray, size: int) -> ExactSums:
-        fraction, exponent = np.frexp(values)
-        mantissa = np.ldexp(fraction, 53).astype(np.int64)  # exact: 53 significant bits
+    def _chunk(cls, keys: np.ndarray, values: np.ndarray, size: int, squared: bool) -> ExactSums:
+        mantissa, exponent = cls._split(values, squared)
         nonzero = mantissa != 0
-        keys, mantissa, exponent = keys[nonzero], mantissa[nonzero], exponent[nonzero]
-        bucket = keys * 4096 + (exponent.astype(np.int64) + 2048)  # exponents within +-1100
+        if not nonzero.all():
+            mantissa, exponent = mantissa[nonzero], exponent[nonzero]
+            keys = keys if keys.ndim == 0 else keys[nonzero]
+        low = int(exponent.min()) if len(exponent) else 0
+        span = int(exponent.max()) - low + 1 if len(exponent) else 1
+        if size * span <= max(4 * len(exponent), 1 << 16):  # few buckets: count directly
+            codes = keys * span + (exponent - low)
+            lo = np.bincount(codes, (mantissa & _MASK).astype(np.float64), size * span)
+            high = mantissa >> _HALF
+            if high.any():
+                hi = np.bincount(codes, high.astype(np.float64), size * span)
+            else:  # positive float32 values: 24-bit mantissas
+                hi = np.zeros_like(lo)
+            found = np.flatnonzero((hi != 0) | (lo != 0))  # a bucket summing to 0 adds nothing
+            return cls(
+                size,
+                found // span,
+                found % span + low,
+                hi[found].astype(np.int64),
+                lo[found].astype(np.int64),
+            )
+        bucket = np.broadcast_to(keys * 4096, exponent.shape) + (exponent + 2048)  # +-1100
         codes, uniques = pd.factorize(bucket)
         hi = np.bincount(codes, weights=(mantissa >> _HALF).astype(np.float64))
         lo = np.bincount(codes, weights=(mantissa & _MASK).astype(np.float64))
@@ -80,17 +131,48 @@ class ExactSums:
         return [Fraction(total) * Fraction(2) ** shift for total, shift in self._totals()]
 
     def floats(self) -> np.ndarray:
-        """Each key's sum rounded once to float64 (0 for keys without rows)."""
+        """Each key's sum rounded once to float64 (0 for keys without rows).
+
+        Where every bucket of a key is a multiple of 2**q and their magnitudes add up to
+        less than 2**(52 + q), float64 adds them without rounding in any order: those keys
+        are summed by ``bincount``; the others exactly, with Python ints.
+        """
         out = np.zeros(self.size, dtype=np.float64)
-        for key, (total, shift) in enumerate(self._totals()):
+        if not len(self.keys):
+            return out
+        # the lowest set bit of each bucket's mantissa (hi << 26) + lo, without forming it
+        lowest = np.where(
+            self.lo != 0,
+            np.frexp((self.lo & -self.lo).astype(np.float64))[1] - 1,
+            np.frexp((self.hi & -self.hi).astype(np.float64))[1] - 1 + _HALF,
+        )
+        step = lowest + self.exponents - 53
+        high = np.ldexp(self.hi.astype(np.float64), self.exponents - 53 + _HALF)
+        low = np.ldexp(self.lo.astype(np.float64), self.exponents - 53)
+        finest = np.full(self.size, np.iinfo(np.int64).max)
+        np.minimum.at(finest, self.keys, step)
+        bound = np.bincount(self.keys, np.abs(high) + low, self.size)
+        fits = (
+            (np.abs(self.hi) < 1 << 52)
+            & (finest[self.keys] >= -1074)
+            & (bound[self.keys] < np.ldexp(1.0, 52 + finest[self.keys]))
+        )
+        exact = np.ones(self.size, dtype=bool)
+        exact[self.keys[~fits]] = False
+        summed = np.bincount(self.keys, high + low, self.size)
+        out[exact] = summed[exact]
+        for key, (total, shift) in enumerate(self._totals(~exact[self.keys])):
             if total:  # int true division rounds correctly, however large the int
                 out[key] = float(total << shift) if shift >= 0 else total / (1 << -shift)
         return out
 
-    def _totals(self) -> list[tuple[int, int]]:
-        """Per key: an int total and a power of two, the sum being ``total * 2**shift``."""
+    def _totals(self, chosen: np.ndarray | None = None) -> list[tuple[int, int]]:
+        """Per key: an int total and a power of two, the sum being ``total * 2**shift``
+        (only the ``chosen`` buckets; keys without any get ``(0, 0)``)."""
         totals = [(0, 0)] * self.size
         order = np.lexsort((-self.exponents, self.keys))  # per key, largest exponent first
+        if chosen is not None:
+            order = order[chosen[order]]
         for key, exponent, hi, lo in zip(
             self.keys[order].tolist(),
             self.exponents[order].tolist(),

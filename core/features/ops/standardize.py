@@ -37,14 +37,13 @@ class Standardize(FeatureOp):
     def partial_fit(self, columns: Columns) -> tuple[int, ExactSums, ExactSums]:
         """Row count, and exact sums of each column's float32 values and of their squares
         (a float32's square is exact in float64)."""
-        matrix = self._stack(columns).astype(np.float64)
-        which = np.broadcast_to(np.arange(matrix.shape[1]), matrix.shape).reshape(-1)
+        self._require(columns)
         n = len(self.columns)
-        return (
-            len(matrix),
-            ExactSums.of(which, matrix.reshape(-1), n),
-            ExactSums.of(which, np.square(matrix).reshape(-1), n),
-        )
+        values = [np.asarray(columns[c], dtype=np.float32) for c in self.columns]
+        rows = len(values[0]) if values else 0
+        sums = [ExactSums.of(j, v, n) for j, v in enumerate(values)]
+        squares = [ExactSums.of(j, v, n, squared=True) for j, v in enumerate(values)]
+        return rows, ExactSums.merge(sums, n), ExactSums.merge(squares, n)
 
     def combine(self, parts: Sequence[tuple[int, ExactSums, ExactSums]]) -> None:
         """Mean and population standard deviation from exact sums, each rounded once."""
