@@ -106,6 +106,14 @@ def add_parser(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Under torchrun, rank 0 runs the job and the other ranks join its data-parallel
+    training steps (``pipelines/training/distributed.py``)."""
+    from pipelines.training import distributed
+
+    return distributed.lead_or_follow(lambda: _run(args))
+
+
+def _run(args: argparse.Namespace) -> int:
     if getattr(args, "from_queue", False):
         from control.retrain.from_queue import run_from_queue
 

@@ -1,13 +1,14 @@
 """Data-parallel training under torchrun: the process group, who leads, how the others follow.
 
 A launcher (``torchrun``, or anything that sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
-``MASTER_ADDR`` and ``MASTER_PORT``) starts N copies of the same command. Inside ``session``,
-rank 0 runs the command exactly as a single process would (data preparation, the baselines,
-evaluation, export, the retrain job's gate and registry). The other ranks only ``follow``:
-each time rank 0 reaches a data-parallel training step it calls ``run_on_all``, which tells
-the followers to run the same step beside it; inside that step ``replicas()`` says which
-share of each batch a rank trains on. Decisions (validation metrics, early stopping) are
-taken on rank 0 and broadcast (``decided``), so every rank stops after the same epoch.
+``MASTER_ADDR`` and ``MASTER_PORT``) starts N copies of the same command. In
+``lead_or_follow``, rank 0 runs the command exactly as a single process would (data
+preparation, the baselines, evaluation, export, the retrain job's gate and registry). The
+other ranks only ``follow``: each time rank 0 reaches a data-parallel training step it calls
+``run_on_all``, which tells the followers to run the same step beside it; inside that step
+``replicas()`` says which share of each batch a rank trains on. Decisions (validation
+metrics, early stopping) are taken on rank 0 and broadcast (``decided``), so every rank
+stops after the same epoch.
 """
 
 from __future__ import annotations
@@ -28,9 +29,13 @@ from core.errors import CascadeError, ConfigError
 T = TypeVar("T")
 
 TIMEOUT_ENV = "CASCADE_DIST_TIMEOUT_S"
-# How long a rank waits for the others in one collective. Followers wait in one while rank 0
-# prepares the data, trains the baselines and exports, so it bounds those phases too.
-DEFAULT_TIMEOUT_S = 3600.0
+# How long a rank waits for the others in a collective of a training step (rank 0's
+# validation included: the others wait for its metrics).
+DEFAULT_TIMEOUT_S = 1800.0
+# How long a follower waits for rank 0's next step: rank 0 prepares the data, trains the
+# baselines and exports alone meanwhile. A rank that dies closes its connections, so the
+# others hear of it at once; this only bounds a rank 0 that hangs between steps.
+IDLE_TIMEOUT = timedelta(days=1)
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,7 @@ class _Session:
 
     def __init__(self) -> None:
         self.place = SINGLE
+        self.commands: Any = None  # the group rank 0 hands steps over in (IDLE_TIMEOUT)
         self.in_step = False
         self.followers_idle = True
 
@@ -90,7 +96,7 @@ def launched() -> Replicas:
 
 
 def timeout() -> timedelta:
-    """The process group's collective timeout (``CASCADE_DIST_TIMEOUT_S``, default 1 h)."""
+    """The training steps' collective timeout (``CASCADE_DIST_TIMEOUT_S``, default 30 min)."""
     raw = os.environ.get(TIMEOUT_ENV, str(DEFAULT_TIMEOUT_S))
     try:
         seconds = float(raw)
@@ -118,9 +124,10 @@ def session() -> Iterator[Replicas]:
     """The process group of a launched job, for the duration of the block.
 
     With ``WORLD_SIZE`` > 1: gloo on the CPU, NCCL on a GPU (this rank's ``LOCAL_RANK``
-    device), collectives bounded by ``timeout()``. On leaving, rank 0 releases the followers
-    (they return from ``follow``) and the group is destroyed. An error of the group (a rank
-    died, a collective timed out) becomes one ``CascadeError`` saying so. Alone: nothing.
+    device), a training step's collectives bounded by ``timeout()``, a follower's wait for
+    the next step by ``IDLE_TIMEOUT``; destroyed on leaving. An error of the
+    group (a rank died, a collective timed out) becomes one ``CascadeError`` saying so.
+    Alone: nothing.
     """
     place = launched()
     if not place.parallel or dist.is_initialized():
@@ -132,48 +139,62 @@ def session() -> Iterator[Replicas]:
     else:
         dist.init_process_group("gloo", timeout=timeout())
     _session.place, _session.in_step, _session.followers_idle = place, False, True
-    broken = False
     try:
+        _session.commands = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
         yield place
     except (dist.DistError, RuntimeError) as error:
         if not _collective_failure(error):
             raise
-        broken = True
         raise CascadeError(
             f"distributed training failed on rank {place.rank} of {place.world}: "
             f"{_first_line(error)} (another rank probably died or stopped answering; "
             "torchrun's summary names the first one that failed)"
         ) from error
     finally:
+        _session.place, _session.commands = SINGLE, None
+        dist.destroy_process_group()
+
+
+def lead_or_follow(command: Callable[[], int]) -> int:
+    """A command under the launcher: ``command()`` on rank 0 (its exit code), on the other
+    ranks ``follow()`` (exit code 0); alone, just ``command()``. Followers waiting for a
+    step when rank 0 finishes (also when it failed between steps) are released; ones inside
+    a step with it are left to fail in their next collective."""
+    with session() as place:
+        if not place.parallel:
+            return command()
+        if not place.main:
+            follow()
+            return 0
         try:
-            # followers waiting for a step are released, also when rank 0 failed between
-            # steps; ones inside a step with it are left to fail in their next collective
-            if place.main and _session.followers_idle and not broken:
-                _broadcast((_STOP, ()))
+            return command()
         finally:
-            _session.place = SINGLE
-            dist.destroy_process_group()
+            if _session.followers_idle:
+                _broadcast((_STOP, ()), _session.commands)
 
 
 def _collective_failure(error: BaseException) -> bool:
-    """Whether ``error`` came out of a collective (gloo raises a plain RuntimeError when a
-    peer's connection closes or times out): raised inside torch.distributed."""
-    if isinstance(error, dist.DistError):
+    """Whether ``error`` came out of the process group: a ``DistError``, or the plain
+    RuntimeError gloo raises when a peer's connection closes or a wait times out (from a
+    collective, or from DDP's all-reduce inside ``backward``)."""
+    if isinstance(error, dist.DistError) or "gloo" in str(error):
         return True
-    trace, last = error.__traceback__, None
+    trace = error.__traceback__
     while trace is not None:
-        last, trace = trace, trace.tb_next
-    where = "" if last is None else last.tb_frame.f_code.co_filename
-    return f"torch{os.sep}distributed{os.sep}" in where
+        if f"torch{os.sep}distributed{os.sep}" in trace.tb_frame.f_code.co_filename:
+            return True
+        trace = trace.tb_next
+    return False
 
 
 def _first_line(error: BaseException) -> str:
     return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
-def _broadcast(value: Any) -> Any:
+def _broadcast(value: Any, group: Any = None) -> Any:
+    """Rank 0's ``value`` on every rank (pickled), in ``group`` (default: the whole job's)."""
     box = [value if is_main() else None]
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, src=0, group=group)
     return box[0]
 
 
@@ -185,7 +206,7 @@ def run_on_all(step: Callable[..., T], *args: Any, **main_only: Any) -> T:
     rank 0 alone. Alone, or called inside a step: a plain call."""
     if not dist.is_initialized() or _session.in_step or not _session.place.parallel:
         return step(*args, **main_only)
-    _broadcast((step, args))
+    _broadcast((step, args), _session.commands)
     _session.followers_idle = False
     result = _in_step(step, args, main_only)
     _session.followers_idle = True  # they are back in follow(), waiting for the next step
@@ -203,7 +224,7 @@ def _in_step(step: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, An
 def follow() -> None:
     """On a follower: run each step rank 0 hands over (``run_on_all``) until it is done."""
     while True:
-        step, args = _broadcast(None)
+        step, args = _broadcast(None, _session.commands)
         if step == _STOP:
             return
         _in_step(step, args, {})

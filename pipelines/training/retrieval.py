@@ -139,8 +139,9 @@ class TwoTowerBatches:
     Data-parallel (``replicas.world`` > 1): every rank draws the same global batches (the
     same seeded generator) and gathers only its own contiguous ``1/world`` of each; the
     random draws are made for the whole global batch and sliced, so the ranks' shares put
-    together are the single process's batch. A last batch is cut to a multiple of the world
-    size (at most ``world - 1`` rows an epoch left out).
+    together are the single process's batch. Of a last batch that does not split evenly,
+    the ``len % world`` rows past the last share are left out (fewer than ``world`` rows an
+    epoch).
     """
 
     def __init__(
@@ -190,7 +191,8 @@ class TwoTowerBatches:
         return mask
 
     def gather(self, batch_rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """This rank's share of the global batch ``batch_rows`` (all of it when alone)."""
+        """This rank's share of the global batch ``batch_rows`` (all of it when alone; the
+        ``len % world`` rows past the last share are left out)."""
         size = len(batch_rows) // self.replicas.world
         mine = slice(self.replicas.rank * size, (self.replicas.rank + 1) * size)
         rows = batch_rows[mine]
@@ -219,11 +221,7 @@ class TwoTowerBatches:
     def epoch(self, _: int) -> Any:
         order = torch.randperm(len(self.pairs), generator=self.generator)
         world = self.replicas.world
-        return (
-            self.gather(rows[: len(rows) - len(rows) % world])
-            for rows in order.split(self.batch)
-            if len(rows) >= world
-        )
+        return (self.gather(rows) for rows in order.split(self.batch) if len(rows) >= world)
 
 
 def train_retriever(
