@@ -75,11 +75,7 @@ def add_parser(commands: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from pipelines.training import distributed
 
-    with distributed.session():
-        if not distributed.is_main():
-            distributed.follow()
-            return 0
-        return _run_pipeline(args)
+    return distributed.lead_or_follow(lambda: _run_pipeline(args))
 
 
 def _run_pipeline(args: argparse.Namespace) -> int:
