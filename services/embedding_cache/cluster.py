@@ -125,15 +125,20 @@ class ClusterReader:
         for node, start, end in zip(nodes.tolist(), starts.tolist(), ends.tolist(), strict=True):
             runs.setdefault(node, []).append((start, end))
         positions = order.tolist()
-        for node, node_runs in runs.items():
-            self.nodes[node].send(
-                [("MGET", *(names[i] for i in positions[a:b])) for a, b in node_runs]
-            )
+        try:
+            for node, node_runs in runs.items():
+                self.nodes[node].send(
+                    [("MGET", *(names[i] for i in positions[a:b])) for a, b in node_runs]
+                )
+            replies = {node: self.nodes[node].receive(len(r)) for node, r in runs.items()}
+        except BaseException:
+            for node in runs:  # a node sent to but not read would answer the next call with
+                self.nodes[node].close()  # this one's replies: drop its connection
+            raise
         values: list[Any] = [None] * len(names)
         moved = False
         for node, node_runs in runs.items():
-            replies = self.nodes[node].receive(len(node_runs))  # read every reply, even after
-            for (a, b), reply in zip(node_runs, replies, strict=True):  # an error
+            for (a, b), reply in zip(node_runs, replies[node], strict=True):
                 if isinstance(reply, hiredis.ReplyError):
                     if str(reply).startswith("MOVED"):
                         moved = True

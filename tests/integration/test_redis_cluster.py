@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,7 @@ from cli.main import main
 from control.registry import make_registry
 from services.embedding_cache.backing import RedisRows
 from services.embedding_cache.cache import HierarchicalEmbeddingCache
-from services.embedding_cache.cluster import key_slot
+from services.embedding_cache.cluster import key_slot, table_slots
 from services.inference.embeddings import read_table_spec
 from services.inference.models import RankingModel
 from services.settings import FeedbackSettings, RedisSettings, Settings
@@ -255,5 +256,30 @@ def test_gc_deletes_a_versions_rows_on_every_node(cluster: LocalCluster) -> None
         assert rows.stored_tables(1) is None and rows.stored_tables(2) is not None
         kept, found = rows.fetch(2, "t", np.arange(3_000), 4)
         assert found.all() and (kept == 2).all()
+    finally:
+        rows.close()
+
+
+def test_a_node_that_times_out_mid_batch_leaves_no_stale_replies(cluster: LocalCluster) -> None:
+    """The reader sends every node its MGETs before reading any reply: when the first node
+    read times out, the others' replies are unread, and must never answer the next batch."""
+    table = np.arange(3_000 * 4, dtype=np.float32).reshape(3_000, 4)
+    keys = np.arange(3_000)
+    rows = RedisRows(cluster.url, "pause", timeout_s=0.2)
+    try:
+        rows.write_table(1, "t", table)
+        got, found = rows.fetch(1, "t", keys, 4)
+        assert found.all() and np.array_equal(got, table)
+        reader = rows._local.reader
+        slots = table_slots(1, "t", rows.buckets)
+        first = reader.nodes[reader.node_of_slot[slots.min()]]  # its replies are read first
+        with redis.Redis(host=first.host, port=first.port) as node:
+            node.client_pause(600)
+        with pytest.raises(ConnectionError):
+            rows.fetch(1, "t", keys[::2], 4)
+        time.sleep(0.7)  # the pause is over
+        for batch in (keys[1::2], keys):  # other rows than the failed batch's
+            got, found = rows.fetch(1, "t", batch, 4)
+            assert found.all() and np.array_equal(got, table[batch])
     finally:
         rows.close()
