@@ -13,6 +13,7 @@ import onnxruntime as ort
 
 from core.errors import ArtifactError
 from core.export.verify import verify_model_directory
+from core.redact import redact_url
 from core.tree_ranker import TreeRanker, categorical_positions, tree_features
 from services.inference.embeddings import (
     EmbeddingLookup,
@@ -103,14 +104,14 @@ def embeddings_for(directory: Path, settings: Settings | None = None) -> Embeddi
             "cannot check the embedding rows of model version %d in %s (%s); serving through "
             "the cache, degraded until Redis answers",
             version,
-            url,
+            redact_url(url),
             error,
         )
     else:
         if stored != {"tables": spec.rows, "dim": spec.dim}:
             raise ArtifactError(
-                f"Redis at {url} (namespace {config.namespace!r}) does not hold the embedding "
-                f"rows of model version {version}: run `cascade materialize`"
+                f"Redis at {redact_url(url)} (namespace {config.namespace!r}) does not hold the "
+                f"embedding rows of model version {version}: run `cascade materialize`"
             )
     import torch
 

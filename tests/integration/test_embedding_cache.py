@@ -224,7 +224,7 @@ def test_a_failed_deferred_fetch_flags_the_next_deferred_answer_degraded(
 
 
 def test_the_serving_path_refuses_a_version_redis_does_not_hold(
-    exported: Path, backing: RedisRows
+    exported: Path, backing: RedisRows, caplog: pytest.LogCaptureFixture
 ) -> None:
     from core.errors import ArtifactError
     from services.inference.models import embeddings_for
@@ -238,8 +238,12 @@ def test_the_serving_path_refuses_a_version_redis_does_not_hold(
     )
     with pytest.raises(ArtifactError, match="cascade materialize"):
         embeddings_for(directory, settings)
-    down = settings.model_copy(update={"redis": RedisSettings(url="redis://127.0.0.1:1/0")})
-    cache = embeddings_for(directory, down)  # Redis down at start: built, degraded until back
+    down_url = "redis://cascade:s3cret-pw@127.0.0.1:1/0"
+    down = settings.model_copy(update={"redis": RedisSettings(url=down_url)})
+    with caplog.at_level("WARNING"):
+        cache = embeddings_for(directory, down)  # Redis down at start: built, degraded
+    assert "cannot check the embedding rows" in caplog.text
+    assert "s3cret-pw" not in caplog.text  # the URL's password never reaches the log
     assert isinstance(cache, HierarchicalEmbeddingCache)
     cache.lookup(np.zeros((1, len(cache.names)), np.int64))
     assert cache.degraded
