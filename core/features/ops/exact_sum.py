@@ -16,7 +16,8 @@ import pandas as pd
 
 _HALF = 26  # mantissa bits in the low half
 _MASK = (1 << _HALF) - 1
-_CHUNK = 1 << 14  # rows per pass: small arrays stay in cache and memory is reused
+_CHUNK = 1 << 12  # rows per pass: arrays under 64 KB stay in cache, and under the
+# allocator's trim threshold (Dask's workers set it to 64 KB), so their memory is reused
 
 
 @dataclass(frozen=True)
