@@ -139,6 +139,8 @@ class StateFollower:
         await self._retire()
         await self.reconciler.reconcile(self.gateway.releases)
         REPLICA_CONVERGED.set(0 if self.convergence() else 1)
+        if self.applied_revision is not None:  # also the one the gateway started on
+            ROLLOUT_REVISION.set(self.applied_revision)
         if self.reachable:  # also before any desired state: the controller then waits
             await self._report()
 

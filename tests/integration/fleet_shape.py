@@ -151,6 +151,7 @@ class Replica:
 class Fleet:
     root: Path
     redis_url: str
+    redis_pid: int
     replicas: list[Replica]
     directory: Path
     env: dict[str, str]
@@ -175,7 +176,7 @@ class Fleet:
         return process
 
 
-def _redis(root: Path, directory: Path, stack: ExitStack) -> str:
+def _redis(root: Path, directory: Path, stack: ExitStack) -> tuple[str, int]:
     directory.mkdir(parents=True, exist_ok=True)
     url, process = start_redis_server(directory, persist=True)
 
@@ -195,7 +196,7 @@ def _redis(root: Path, directory: Path, stack: ExitStack) -> str:
     registry.adopt(1, "fleet: production")
     registry.register(2, {"verdict": "pass", "by": "fleet"})
     registry.close()
-    return url
+    return url, process.pid
 
 
 def environment(root: Path, redis_url: str, **extra: str) -> dict[str, str]:
@@ -260,7 +261,7 @@ def fleet(root: Path, directory: Path, replicas: int = 2, **settings: str) -> It
     docstring) and wait until every gateway is ready: its Triton serves production 1.
     ``settings``: more CASCADE_* variables. Stops it all on exit."""
     with ExitStack() as stack:
-        redis_url = _redis(root, directory / "redis", stack)
+        redis_url, redis_pid = _redis(root, directory / "redis", stack)
         env = environment(root, redis_url, **settings)
         taken: set[int] = set()
         started = []
@@ -274,4 +275,4 @@ def fleet(root: Path, directory: Path, replicas: int = 2, **settings: str) -> It
         stack.callback(log.close)
         state = RedisDesiredState(redis_url, NAMESPACE)
         stack.callback(state.close)
-        yield Fleet(root, redis_url, started, directory, env, log, state, stack)
+        yield Fleet(root, redis_url, redis_pid, started, directory, env, log, state, stack)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from control.rollout.state import RolloutRecord
 from pipelines.config import TrainConfig
 from services.inference.triton_server import TritonUnavailable, wheel_directory
 from tests.conftest import EXPORTED_TRAINING
@@ -35,12 +36,17 @@ def test_a_killed_triton_comes_back_on_the_desired_versions(exported: Path, tmp_
         for replica in (a, b):  # each Triton started on its deployed default
             assert replica.triton_serves(1) and not replica.triton_serves(2)
         rollout = stack.rollout()
-        record = wait_until(
-            lambda: (r := stack.record()) is not None and r.step_applied_at is not None and r,
-            180,
-            "both replicas applied the canary step",
-        )
+        readiness: list[int] = []  # while the replicas load the canary
+
+        def applied() -> RolloutRecord | None:
+            readiness.extend(replica.readiness()[0] for replica in (a, b))
+            record = stack.record()
+            return record if record is not None and record.step_applied_at is not None else None
+
+        record = wait_until(applied, 180, "both replicas applied the canary step")
         assert record.status == "running" and record.replicas_behind == []
+        # loading the canary is not leaving the load balancer: routed versions stay served
+        assert set(readiness) == {200}, readiness
         reports = stack.reports()
         assert len(reports) == 2 and all(r["converged"] for r in reports.values()), reports
         assert all(r["served"] == {"ranker": [1, 2]} for r in reports.values())

@@ -261,3 +261,14 @@ async def _until_ready(http: Any, ready: bool, timeout_s: float = 10.0) -> dict:
             return body
         assert time.monotonic() < deadline, f"readiness stayed {response.json()}"
         await asyncio.sleep(0.05)
+
+
+async def test_a_gateway_started_on_a_desired_state_exports_its_revision(tmp_path: Path) -> None:
+    follower, store = _follower(tmp_path, TritonDouble())
+    state = DesiredState(production=1, revision=0)
+    for _ in range(7):  # revision 7
+        state = store.write(state.next(), state.revision)
+    follower.applied_revision = 7  # what Gateway.start sets when it starts on that state
+    await follower.check()
+    assert REGISTRY.get_sample_value("cascade_desired_state_revision") == 7
+    assert follower.status()["converged"] is True
