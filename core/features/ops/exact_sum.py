@@ -20,6 +20,18 @@ _CHUNK = 1 << 12  # rows per pass: arrays under 64 KB stay in cache, and under t
 # allocator's trim threshold (Dask's workers set it to 64 KB), so their memory is reused
 
 
+def _added(codes: np.ndarray, values: np.ndarray, bins: int) -> np.ndarray:
+    """int64 ``values`` added per code: by float64 ``bincount`` where no sum can reach
+    2**52 (so it stays exact), else one by one."""
+    if not values.any():
+        return np.zeros(bins, np.int64)
+    if float(np.abs(values).sum(dtype=np.float64)) < 2.0**52:
+        return np.bincount(codes, values.astype(np.float64), bins).astype(np.int64)
+    out = np.zeros(bins, np.int64)
+    np.add.at(out, codes, values)
+    return out
+
+
 @dataclass(frozen=True)
 class ExactSums:
     """Sum of values per key in ``range(size)``, held as integer mantissas per exponent:
@@ -83,49 +95,48 @@ class ExactSums:
         if not nonzero.all():
             mantissa, exponent = mantissa[nonzero], exponent[nonzero]
             keys = keys if keys.ndim == 0 else keys[nonzero]
-        low = int(exponent.min()) if len(exponent) else 0
-        span = int(exponent.max()) - low + 1 if len(exponent) else 1
-        if size * span <= max(4 * len(exponent), 1 << 16):  # few buckets: count directly
-            codes = keys * span + (exponent - low)
-            lo = np.bincount(codes, (mantissa & _MASK).astype(np.float64), size * span)
-            high = mantissa >> _HALF
-            if high.any():
-                hi = np.bincount(codes, high.astype(np.float64), size * span)
-            else:  # positive float32 values: 24-bit mantissas
-                hi = np.zeros_like(lo)
-            found = np.flatnonzero((hi != 0) | (lo != 0))  # a bucket summing to 0 adds nothing
-            return cls(
-                size,
-                found // span,
-                found % span + low,
-                hi[found].astype(np.int64),
-                lo[found].astype(np.int64),
-            )
-        bucket = np.broadcast_to(keys * 4096, exponent.shape) + (exponent + 2048)  # +-1100
-        codes, uniques = pd.factorize(bucket)
-        hi = np.bincount(codes, weights=(mantissa >> _HALF).astype(np.float64))
-        lo = np.bincount(codes, weights=(mantissa & _MASK).astype(np.float64))
-        found = np.asarray(uniques, dtype=np.int64)
-        return cls(
-            size, found // 4096, found % 4096 - 2048, hi.astype(np.int64), lo.astype(np.int64)
-        )
+        keys = np.broadcast_to(keys, exponent.shape)
+        return cls._grouped(keys, exponent, mantissa >> _HALF, mantissa & _MASK, size)
 
     @classmethod
     def merge(cls, parts: list[ExactSums], size: int | None = None) -> ExactSums:
         """The sums of all ``parts``' rows together (``size``: the largest part's by default)."""
         size = max((p.size for p in parts), default=0) if size is None else size
-        keys = np.concatenate([p.keys for p in parts]) if parts else np.zeros(0, np.int64)
-        exponents = np.concatenate([p.exponents for p in parts]) if parts else keys
-        codes, uniques = pd.factorize(keys * 4096 + (exponents + 2048))
-        hi = np.zeros(len(uniques), np.int64)
-        lo = np.zeros(len(uniques), np.int64)
-        if parts:
-            np.add.at(hi, codes, np.concatenate([p.hi for p in parts]))
-            np.add.at(lo, codes, np.concatenate([p.lo for p in parts]))
+        if not parts:
+            empty = np.zeros(0, np.int64)
+            return cls(size, empty, empty, empty, empty)
+        return cls._grouped(
+            np.concatenate([p.keys for p in parts]),
+            np.concatenate([p.exponents for p in parts]),
+            np.concatenate([p.hi for p in parts]),
+            np.concatenate([p.lo for p in parts]),
+            size,
+        )
+
+    @classmethod
+    def _grouped(
+        cls, keys: np.ndarray, exponents: np.ndarray, hi: np.ndarray, lo: np.ndarray, size: int
+    ) -> ExactSums:
+        """Buckets of rows with the same key and exponent, their hi and lo parts added."""
+        if not len(exponents):
+            return cls(size, exponents, exponents, exponents, exponents)
+        low = int(exponents.min())
+        span = int(exponents.max()) - low + 1
+        if size * span <= max(4 * len(exponents), 1 << 16):  # few buckets: index them directly
+            codes = keys * span + (exponents - low)
+            hi, lo = _added(codes, hi, size * span), _added(codes, lo, size * span)
+            found = np.flatnonzero((hi != 0) | (lo != 0))  # a bucket summing to 0 adds nothing
+            keys, exponents = found // span, found % span + low
+        else:  # exponents within +-1100
+            codes, uniques = pd.factorize(keys * 4096 + (exponents + 2048))
+            hi, lo = _added(codes, hi, len(uniques)), _added(codes, lo, len(uniques))
+            found = np.arange(len(uniques))
+            buckets = np.asarray(uniques, dtype=np.int64)
+            keys, exponents = buckets // 4096, buckets % 4096 - 2048
+        hi, lo = hi[found], lo[found]
         hi += lo >> _HALF  # carry, so lo stays small however many parts are merged
         lo &= _MASK
-        found = np.asarray(uniques, dtype=np.int64)
-        return cls(size, found // 4096, found % 4096 - 2048, hi, lo)
+        return cls(size, keys, exponents, hi, lo)
 
     def fractions(self) -> list[Fraction]:
         """Each key's exact sum."""
@@ -141,23 +152,24 @@ class ExactSums:
         out = np.zeros(self.size, dtype=np.float64)
         if not len(self.keys):
             return out
-        # the lowest set bit of each bucket's mantissa (hi << 26) + lo, without forming it
-        lowest = np.where(
-            self.lo != 0,
-            np.frexp((self.lo & -self.lo).astype(np.float64))[1] - 1,
-            np.frexp((self.hi & -self.hi).astype(np.float64))[1] - 1 + _HALF,
-        )
-        step = lowest + self.exponents - 53
-        high = np.ldexp(self.hi.astype(np.float64), self.exponents - 53 + _HALF)
-        low = np.ldexp(self.lo.astype(np.float64), self.exponents - 53)
-        finest = np.full(self.size, np.iinfo(np.int64).max)
-        np.minimum.at(finest, self.keys, step)
-        bound = np.bincount(self.keys, np.abs(high) + low, self.size)
-        fits = (
-            (np.abs(self.hi) < 1 << 52)
-            & (finest[self.keys] >= -1074)
-            & (bound[self.keys] < np.ldexp(1.0, 52 + finest[self.keys]))
-        )
+        with np.errstate(over="ignore"):  # keys beyond float64 go the exact way
+            # the lowest set bit of each bucket's mantissa (hi << 26) + lo, without forming it
+            lowest = np.where(
+                self.lo != 0,
+                np.frexp((self.lo & -self.lo).astype(np.float64))[1] - 1,
+                np.frexp((self.hi & -self.hi).astype(np.float64))[1] - 1 + _HALF,
+            )
+            step = lowest + self.exponents - 53
+            high = np.ldexp(self.hi.astype(np.float64), self.exponents - 53 + _HALF)
+            low = np.ldexp(self.lo.astype(np.float64), self.exponents - 53)
+            finest = np.full(self.size, np.iinfo(np.int64).max)
+            np.minimum.at(finest, self.keys, step)
+            bound = np.bincount(self.keys, np.abs(high) + low, self.size)
+            fits = (
+                (np.abs(self.hi) < 1 << 52)
+                & (finest[self.keys] >= -1074)
+                & (bound[self.keys] < np.ldexp(1.0, 52 + finest[self.keys]))
+            )
         exact = np.ones(self.size, dtype=bool)
         exact[self.keys[~fits]] = False
         summed = np.bincount(self.keys, high + low, self.size)
