@@ -107,6 +107,8 @@ def test_synthetic_fits_the_same_on_the_cluster(client: Client, tmp_path: Path) 
     dataset = make_synthetic(n_users=800, n_items=600, n_interactions=40_000, seed=2)
     distributed.write_partitions(dataset, tmp_path, file_rows=15_000, group_rows=5_000)
     _check(client, tmp_path, dataset, rows=5_000)
+    expected, _, _ = _in_memory(dataset, SEED)
+    _assert_same(expected, distributed.fit_ingested(client, tmp_path, seed=SEED, rows=5_000))
 
 
 def test_stages_group_ops_that_read_no_output_of_each_other() -> None:
