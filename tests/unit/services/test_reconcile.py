@@ -217,6 +217,7 @@ async def test_readiness_waits_for_the_server_while_answers_degrade(exported: Pa
         assert body["unserved"][0].startswith("inference server unreachable")
         answer = await http.post("/v1/recommend", json={"user_id": 3, "k": 5})
         assert answer.status_code == 200 and answer.json()["degraded"]
+        assert answer.json()["reasons"] == ["scoring:error"]  # retrieval order, then popularity
         triton.up()  # back with nothing loaded: the loop loads the routed version
         await _until_ready(http, True)
         assert triton.served == {1} and _actions("load") - loads == 1
