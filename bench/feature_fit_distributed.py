@@ -12,7 +12,9 @@ the largest worker. Every fitted workflow is compared with the
 in-memory one (they must be equal). Last line: one JSON object (also written to
 ``bench/results/feature_fit_distributed.json``).
 
-    python bench/feature_fit_distributed.py [--rows 4000000] [--workers 1,2]
+    python bench/feature_fit_distributed.py [--rows 4000000] [--workers 1,2] [--quick]
+
+Also the ``dask`` part of ``bench/training_distributed.py``.
 """
 
 from __future__ import annotations
@@ -31,7 +33,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np
 from publish import publish
 
-PARTITION_ROWS = 1 << 19  # rows per Dask partition (row groups of this size are written)
+
+def partition_rows(rows: int) -> int:
+    """Rows per Dask partition (row groups of this size are written): at most 2^19, and at
+    least 8 partitions."""
+    return max(min(1 << 19, rows // 8), 1 << 12)
+
+
+def data_rows(directory: Path) -> int:
+    """The interactions of the data set in ``directory`` (named by ``main``)."""
+    return int(directory.parent.name.removeprefix("rows-"))
 
 
 def peak_rss_gb() -> float:
@@ -57,7 +68,8 @@ def generate(directory: Path, rows: int) -> None:
     dataset = make_synthetic(
         n_users=max(rows // 50, 100), n_items=max(rows // 200, 100), n_interactions=rows, seed=0
     )
-    write_partitions(dataset, directory, file_rows=8 * PARTITION_ROWS, group_rows=PARTITION_ROWS)
+    size = partition_rows(rows)
+    write_partitions(dataset, directory, file_rows=8 * size, group_rows=size)
 
 
 def fit_in_memory(directory: Path) -> dict[str, Any]:
@@ -105,7 +117,8 @@ def fit_on_dask(directory: Path, workers: int) -> dict[str, Any]:
         ready, cpu = time.perf_counter(), time.process_time()
         before = client.run(cpu_seconds)
         workflow = build_workflow(fd.read_schema(directory), seed=0)
-        rows = fd.load_rows(client, directory, "train", 0, rows=PARTITION_ROWS)
+        size = partition_rows(data_rows(directory))
+        rows = fd.load_rows(client, directory, "train", 0, rows=size)
         encoded = fd.fit(client, rows, workflow)
         wait(encoded)  # every partition encoded
         done = time.perf_counter()
@@ -146,13 +159,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=4_000_000, help="synthetic interactions")
     parser.add_argument("--workers", default="1,2", help="Dask worker counts to run")
+    parser.add_argument("--quick", action="store_true", help="300k interactions")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/cascade-feature-fit"))
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         step, directory = args.child[0], Path(args.child[1])
         if step == "generate":
-            generate(directory, int(directory.parent.name.removeprefix("rows-")))
+            generate(directory, data_rows(directory))
             result: dict[str, Any] = {}
         elif step == "memory":
             result = fit_in_memory(directory)
@@ -162,6 +176,8 @@ def main() -> None:
         print(json.dumps(result), flush=True)
         return
 
+    if args.quick:
+        args.rows = 300_000
     directory = args.workdir / f"rows-{args.rows}" / "data"
     directory.mkdir(parents=True, exist_ok=True)
     in_child("generate", directory)
