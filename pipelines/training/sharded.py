@@ -189,7 +189,7 @@ def gather_dlrm_state(
     for key, value in sharded.state_dict().items():
         if isinstance(value, ShardedTensor):
             shards = value.local_shards()
-            where = shards[0].tensor.device if shards else torch.device("cpu")
+            where = shards[0].tensor.device if shards else _device()  # NCCL: on the GPU
             out = torch.empty(value.size(), dtype=value.dtype, device=where)
             value.gather(dst, out if rank == dst else None)
             full[key] = out.cpu()
