@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from distributed import Client
+from distributed import Client, LocalCluster
 
 from core.errors import DataError
 from core.features.ops import Columns
@@ -147,3 +147,18 @@ def test_bad_input_is_named(client: Client, tmp_path: Path) -> None:
         distributed.dask_client(workers=0),
     ):
         pass
+
+
+def test_a_running_scheduler_is_reached_by_its_address(tmp_path: Path) -> None:
+    """``scheduler=`` connects to a cluster started elsewhere (here: one worker process)."""
+    dataset = make_synthetic(n_users=60, n_items=50, n_interactions=2_000, seed=3)
+    distributed.write_partitions(dataset, tmp_path, file_rows=1_000, group_rows=500)
+    with LocalCluster(
+        n_workers=1, threads_per_worker=1, host="127.0.0.1", dashboard_address=None
+    ) as cluster:
+        with distributed.dask_client(scheduler=cluster.scheduler_address) as client:
+            fitted = distributed.fit_ingested(client, tmp_path, seed=SEED, rows=500)
+            assert len(client.scheduler_info()["workers"]) == 1
+        assert cluster.status.name == "running"  # the client left the cluster running
+    expected, _, _ = _in_memory(dataset, SEED)
+    _assert_same(expected, fitted)
