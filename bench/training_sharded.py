@@ -23,6 +23,8 @@ cost, not the models' quality.
 
     python bench/training_sharded.py            # 8 tables, 1.26M rows, 300 steps, 3 rounds
     python bench/training_sharded.py --quick    # 6 tables, 126k rows, 60 steps
+
+Also the ``sharded`` part of ``bench/training_distributed.py``.
 """
 
 from __future__ import annotations
