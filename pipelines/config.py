@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from core.errors import UsageError
 
 # The pipeline's steps, in order (here, not in pipelines.pipeline, so that the CLI can list
 # them without importing the training stack).
@@ -169,6 +171,37 @@ class TrainConfig(BaseModel):
         "the cores (a test suite, a retrain job beside the gateway) a second thread mostly "
         "waits. Measured: docs/training.md.",
     )
+
+    fit_workers: int | None = Field(
+        None,
+        ge=1,
+        description="Fit the feature workflow and write the ranking rows on a Dask "
+        "LocalCluster of this many single-threaded worker processes on 127.0.0.1 (the "
+        "`distributed` extra); the fitted workflow equals the one-process fit. Default: in "
+        "this process (docs/scaling-out.md).",
+    )
+    dask_scheduler: str | None = Field(
+        None,
+        min_length=1,
+        description="Like --fit-workers, on the running Dask cluster whose scheduler is at "
+        "this address (tcp://host:8786); its workers must see --workdir at the same path.",
+    )
+
+    @model_validator(mode="after")
+    def _one_fit_cluster(self) -> TrainConfig:
+        # UsageError passes through pydantic unwrapped: the CLI exits 2 with this line
+        if self.fit_workers is not None and self.dask_scheduler is not None:
+            raise UsageError(
+                "--fit-workers and --dask-scheduler exclude each other: give the number of "
+                "local workers or the address of a running scheduler, not both"
+            )
+        if self.split_protocol != "global" and (self.fit_workers or self.dask_scheduler):
+            raise UsageError(
+                "--fit-workers/--dask-scheduler need --split-protocol global: per_user splits "
+                "each user's rows by looking at that user's other rows, which a worker "
+                "reading its own partition does not see"
+            )
+        return self
 
     @field_validator("dlrm_dim")
     @classmethod

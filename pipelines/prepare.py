@@ -178,34 +178,25 @@ def write_online_tables(dataset: RawDataset, directory: Path, history_length: in
     histories.to_parquet(directory / "histories.parquet", index=False)
 
 
-def prepare(
+def _fit_in_memory(
     dataset: RawDataset,
     workdir: Path,
-    seed: int = 0,
-    history_length: int = 20,
-    split: Split | None = None,
-) -> Workflow:
-    """Split (default: the hashed random 8:1:1 protocol; ``cascade retrain`` passes its
-    holdout split), fit the workflow on the training rows, and write every model's inputs."""
-    workdir.mkdir(parents=True, exist_ok=True)
+    workflow: Workflow,
+    split: Split,
+    seed: int,
+    ranking_columns: tuple[str, ...],
+) -> None:
+    """Fit ``workflow`` in this process and write the ranking rows (training rows in one
+    random order)."""
     schema = dataset.schema
     users = AttributeTable(dataset.users, "user_id", schema.user_attributes)
     items = AttributeTable(dataset.items, "item_id", schema.item_attributes)
     rows = labelled_rows(dataset.interactions, users, items)
-    split = split if split is not None else hashed_split(dataset.interactions, seed)
-
-    workflow = build_workflow(schema, seed=seed)
-    ranking_columns = ranking_parquet_columns(schema)
-    if WEIGHT in rows and not np.all(rows[WEIGHT] == 1.0):  # weighted events: kept per row
-        ranking_columns = (*ranking_columns, WEIGHT)
     encoded = {
         "train": workflow.fit_transform(_take(rows, split.train)),
         "valid": workflow.transform(_take(rows, split.valid)),
         "test": workflow.transform(_take(rows, split.test)),
     }
-    workflow.save(workdir / "workflow")
-    write_online_tables(dataset, workdir / "online", history_length)
-
     rng = np.random.default_rng(seed)
     for name, columns in encoded.items():
         kept = np.flatnonzero(columns["rating"] != POSITIVE_RATING)
@@ -216,6 +207,42 @@ def prepare(
             flatten(_take({c: columns[c] for c in ranking_columns}, kept), ranking_columns),
             row_group_size=65_536,
         )
+
+
+def prepare(
+    dataset: RawDataset,
+    workdir: Path,
+    seed: int = 0,
+    history_length: int = 20,
+    split: Split | None = None,
+    fit_workers: int | None = None,
+    dask_scheduler: str | None = None,
+) -> Workflow:
+    """Split (default: the hashed random 8:1:1 protocol; ``cascade retrain`` passes its
+    holdout split), fit the workflow on the training rows, and write every model's inputs.
+
+    With ``fit_workers`` (a local Dask cluster of that many workers) or ``dask_scheduler``
+    (a running cluster's address) the workflow is fitted and the ranking rows written on the
+    cluster (``pipelines/prepare_distributed.py``; the hashed split only)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    workflow = build_workflow(dataset.schema, seed=seed)
+    ranking_columns = ranking_parquet_columns(dataset.schema)
+    split = split if split is not None else hashed_split(dataset.interactions, seed)
+    weights = dataset.interactions.get(WEIGHT)
+    if weights is not None and not np.all(weights.to_numpy(np.float32) == 1.0):
+        ranking_columns = (*ranking_columns, WEIGHT)  # weighted events: kept per row
+    if fit_workers is None and dask_scheduler is None:
+        _fit_in_memory(dataset, workdir, workflow, split, seed, ranking_columns)
+    else:
+        from pipelines import prepare_distributed
+        from pipelines.features_distributed import dask_client
+
+        with dask_client(fit_workers or 1, dask_scheduler) as client:
+            prepare_distributed.fit_on_cluster(
+                client, dataset, split, workdir, workflow, seed, ranking_columns
+            )
+    workflow.save(workdir / "workflow")
+    write_online_tables(dataset, workdir / "online", history_length)
 
     train_interactions = dataset.interactions.iloc[split.train]
     user_ids = dataset.users["user_id"].to_numpy()

@@ -33,7 +33,7 @@ from control.retrain.state import STREAM_NAMES, StateDir, recover, remove_versio
 from control.validation.config import load_gate_config
 from control.validation.gate import run_gate
 from control.validation.verdict import Verdict, table, write_verdict
-from core.errors import ConfigError
+from core.errors import ConfigError, UsageError
 from core.export.repository import next_version
 from pipelines.config import TrainConfig
 from pipelines.data.schema import RawDataset
@@ -215,6 +215,12 @@ def run_retrain(
         raise ConfigError(f"unknown sabotage {options.sabotage!r}; one of {list(SABOTAGES)}")
     if not 0 < options.base_fraction <= 1:
         raise ConfigError(f"--base-fraction must be in (0, 1], got {options.base_fraction}")
+    if options.config.fit_workers is not None or options.config.dask_scheduler is not None:
+        raise UsageError(
+            "--fit-workers/--dask-scheduler: cascade retrain cannot fit on a Dask cluster: "
+            "its holdout split chooses rows by time over the whole data set, and each "
+            "worker sees only its own partition (docs/scaling-out.md)"
+        )
     gate_config = load_gate_config(options.gate_config)
     root = options.artifacts
     state_dir = StateDir(options.state_dir or root / "retrain")

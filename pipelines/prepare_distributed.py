@@ -1,0 +1,165 @@
+"""The prepare step's feature fit and ranking rows on a Dask cluster (``--fit-workers``,
+``--dask-scheduler``).
+
+The data set ``prepare`` was given is written as parquet partitions; the workers read them,
+fit the workflow with the driver (``features_distributed.fit``: the same fitted workflow as
+the in-memory fit), encode the validation and test rows, and each writes its partition's
+ranking rows as a piece. The driver then streams the pieces into the one
+``ranking_{train,valid,test}.parquet`` file per split the training steps read, a row group at
+a time, so it never holds the encoded rows.
+
+Row order: validation and test rows stay in row order (the files equal the in-memory ones).
+The in-memory path permutes all training rows at once; here each worker permutes its own
+rows, and every row group of the merged file takes rows from every piece in proportion to
+the rows it has left, then is permuted. So every row group is still a random sample of all
+training rows (stratified by partition), which is what the loader's shuffle buffer relies
+on, without a cluster-wide shuffle. The order is not the in-memory one: the rows are.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from distributed import Client, Future
+
+from core.errors import ConfigError, writing
+from core.features.ops import Columns
+from core.features.workflow import Workflow
+from pipelines import features_distributed as fd
+from pipelines.data.schema import RawDataset
+from pipelines.split import POSITIVE_RATING, Split, hashed_split
+from pipelines.storage import flatten, write_parquet
+
+RANKING_GROUP_ROWS = 65_536  # row group size of the ranking files (as the in-memory path)
+PARTITIONS_PER_WORKER = 4  # small data sets: still a few partitions for every worker
+
+
+def same_split(left: Split, right: Split) -> bool:
+    return all(np.array_equal(getattr(left, part), getattr(right, part)) for part in fd.SPLIT_PARTS)
+
+
+def _write_piece(
+    columns: Columns, path: Path, seed: tuple[int, int] | None, names: tuple[str, ...]
+) -> int:
+    """Runs on a worker: this partition's ranking rows (rating 3 dropped) as parquet,
+    permuted when ``seed`` is given; returns the rows written."""
+    kept = np.flatnonzero(columns["rating"] != POSITIVE_RATING)
+    if seed is not None:
+        kept = np.random.default_rng(list(seed)).permutation(kept)
+    picked = {c: columns[c][kept] for c in names}
+    write_parquet(path, flatten(picked, names), row_group_size=RANKING_GROUP_ROWS)
+    return len(kept)
+
+
+def _shares(remaining: np.ndarray, rows: int) -> np.ndarray:
+    """``rows`` split over the pieces in proportion to ``remaining`` (largest remainders;
+    never more than a piece has left)."""
+    total = int(remaining.sum())
+    take = remaining * rows // total
+    left_over = rows - int(take.sum())
+    by_remainder = np.argsort(-(remaining * rows % total), kind="stable")
+    take[by_remainder[:left_over]] += 1
+    return take
+
+
+def merge_pieces(
+    pieces: list[Path], path: Path, rng: np.random.Generator | None, group_rows: int
+) -> None:
+    """Stream ``pieces`` (parquet files of one schema) into ``path`` in row groups of
+    ``group_rows``: in order, or (``rng``) each group drawn from every piece in proportion
+    to what it has left and permuted. Holds about one row group per piece in memory."""
+    files = [pq.ParquetFile(p) for p in pieces]
+    remaining = np.array([f.metadata.num_rows for f in files], dtype=np.int64)
+    batches = [f.iter_batches(batch_size=group_rows) for f in files]
+    buffers = [f.schema_arrow.empty_table() for f in files]
+
+    def take(i: int, rows: int) -> pa.Table:
+        while buffers[i].num_rows < rows:
+            buffers[i] = pa.concat_tables([buffers[i], pa.Table.from_batches([next(batches[i])])])
+        out, buffers[i] = buffers[i].slice(0, rows), buffers[i].slice(rows)
+        return out
+
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with (
+        writing(path),
+        pq.ParquetWriter(
+            temporary, files[0].schema_arrow, compression="none", use_dictionary=False
+        ) as writer,
+    ):
+        while remaining.sum():
+            rows = min(group_rows, int(remaining.sum()))
+            if rng is None:  # in order: fill the group from the first pieces with rows left
+                before = np.cumsum(remaining) - remaining
+                counts = np.clip(rows - before, 0, remaining)
+            else:
+                counts = _shares(remaining, rows)
+            group = pa.concat_tables([take(i, int(n)) for i, n in enumerate(counts) if n])
+            if rng is not None:
+                group = group.take(rng.permutation(group.num_rows))
+            writer.write_table(group, row_group_size=group_rows)
+            remaining -= counts
+    os.replace(temporary, path)
+
+
+def _write_split(
+    client: Client,
+    encoded: list[Future],
+    workdir: Path,
+    name: str,
+    seed: int,
+    names: tuple[str, ...],
+) -> None:
+    """``ranking_<name>.parquet`` from the encoded rows on the workers (training rows
+    shuffled as the module says)."""
+    pieces_dir = workdir / f"ranking_{name}.pieces"
+    shutil.rmtree(pieces_dir, ignore_errors=True)
+    pieces = [pieces_dir / f"part-{i:05d}.parquet" for i in range(len(encoded))]
+    shuffle = name == "train"
+    seeds = [(seed, i) if shuffle else None for i in range(len(encoded))]
+    client.gather(client.map(_write_piece, encoded, pieces, seeds, names=names))
+    rng = np.random.default_rng(seed) if shuffle else None
+    merge_pieces(pieces, workdir / f"ranking_{name}.parquet", rng, RANKING_GROUP_ROWS)
+    shutil.rmtree(pieces_dir)
+
+
+def fit_on_cluster(
+    client: Client,
+    dataset: RawDataset,
+    split: Split,
+    workdir: Path,
+    workflow: Workflow,
+    seed: int,
+    names: tuple[str, ...],
+) -> None:
+    """Fit ``workflow`` on the hashed split's training rows of ``dataset`` on the cluster of
+    ``client`` and write ``ranking_{train,valid,test}.parquet`` (columns ``names``) into
+    ``workdir``. Any other ``split`` is refused: the workers split their partitions by each
+    row's own hash."""
+    if not same_split(split, hashed_split(dataset.interactions, seed)):
+        raise ConfigError(
+            "--fit-workers/--dask-scheduler support the default hashed split only (each "
+            "worker splits its own rows by their hash); this split chooses rows by others"
+        )
+    workers = max(1, len(client.scheduler_info()["workers"]))
+    rows = math.ceil(max(len(dataset.interactions), 1) / (workers * PARTITIONS_PER_WORKER))
+    rows = min(fd.PARTITION_ROWS, rows)
+    partitions = workdir / "fit_partitions"
+    shutil.rmtree(partitions, ignore_errors=True)
+    fd.write_partitions(dataset, partitions, file_rows=rows, group_rows=rows)
+    try:
+        train = fd.fit(client, fd.load_rows(client, partitions, "train", seed, rows=rows), workflow)
+        _write_split(client, train, workdir, "train", seed, names)
+        client.cancel(train)
+        for part in ("valid", "test"):
+            held_out = fd.load_rows(client, partitions, part, seed, rows=rows)
+            encoded = fd.transform(client, held_out, workflow)
+            _write_split(client, encoded, workdir, part, seed, names)
+            client.cancel([*held_out, *encoded])
+    finally:
+        shutil.rmtree(partitions, ignore_errors=True)
