@@ -139,6 +139,8 @@ def run_pipeline(
                 seed=config.seed,
                 history_length=config.history_length,
                 split=split_for(raw, config),
+                fit_workers=config.fit_workers,
+                dask_scheduler=config.dask_scheduler,
             )
             (workdir / DATASET_INFO).write_text(
                 json.dumps(
