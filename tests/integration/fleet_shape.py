@@ -3,8 +3,10 @@
 The sidecar shape (docs/fleet.md): N gateway processes, each ``cascade serve --triton`` with
 its own Triton on loopback (the gateway's supervisor restarts a Triton that dies, as the
 kubelet restarts a sidecar container), one private Redis holding the desired state, the
-registry (1 production, 2 a candidate the gate passed), the replicas' reports and the
-ranker's embedding rows, and ``cascade rollout`` as a process of its own.
+registry (1 production, 2 a candidate the gate passed) and the replicas' reports (the
+durable role), the ranker's embedding rows in it too or, with ``cache_cluster``, in a
+3-node Redis Cluster (the cache role, docs/redis.md), and ``cascade rollout`` as a process
+of its own.
 
 - ``fleet_export(source, root, training)``: ``export_twin`` (versions 1 and 2) with the
   ranker's Triton config made to show what a restart does: one instance per version (the
@@ -39,6 +41,7 @@ from services.embedding_cache.backing import RedisRows
 from services.state.desired_state import DesiredState, RedisDesiredState
 from services.stores.materialize import materialize_embeddings
 from services.util.local_redis import start_redis_server
+from services.util.local_redis_cluster import start_redis_cluster
 from tests.integration.production_shape import export_twin
 from tests.integration.served_app import wait_until_ready
 
@@ -185,10 +188,6 @@ def _redis(root: Path, directory: Path, stack: ExitStack) -> tuple[str, int]:
         process.wait(timeout=10)
 
     stack.callback(stop)
-    rows = RedisRows(url, ROWS_NAMESPACE, timeout_s=5.0)
-    for version in (1, 2):
-        materialize_embeddings(rows, root / "model_repository", version)
-    rows.close()
     desired = RedisDesiredState(url, NAMESPACE)
     desired.write(DesiredState(production=1, revision=1), 0)
     desired.close()
@@ -199,8 +198,19 @@ def _redis(root: Path, directory: Path, stack: ExitStack) -> tuple[str, int]:
     return url, process.pid
 
 
-def environment(root: Path, redis_url: str, **extra: str) -> dict[str, str]:
-    """The gateways' and the controller's settings (CASCADE_*), on top of this process's."""
+def _rows(root: Path, url: str) -> None:
+    """The ranker's embedding rows of versions 1 and 2 into the cache Redis at ``url``."""
+    rows = RedisRows(url, ROWS_NAMESPACE, timeout_s=5.0)
+    for version in (1, 2):
+        materialize_embeddings(rows, root / "model_repository", version)
+    rows.close()
+
+
+def environment(
+    root: Path, redis_url: str, cache_url: str | None = None, **extra: str
+) -> dict[str, str]:
+    """The gateways' and the controller's settings (CASCADE_*), on top of this process's:
+    ``redis_url`` the durable Redis, ``cache_url`` the cache's (None: the same one)."""
     env = {
         k: v
         for k, v in os.environ.items()
@@ -208,7 +218,8 @@ def environment(root: Path, redis_url: str, **extra: str) -> dict[str, str]:
     }
     env.update(
         CASCADE_ARTIFACTS=str(root),
-        CASCADE_REDIS__URL=redis_url,
+        CASCADE_REDIS__URL=cache_url or redis_url,
+        CASCADE_REDIS__DURABLE_URL=redis_url,
         CASCADE_REDIS__NAMESPACE=NAMESPACE,
         CASCADE_REDIS__TIMEOUT_MS="300",
         # loading a version takes the 2 cores of a test box for seconds: answers meanwhile
@@ -256,13 +267,26 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 
 @contextmanager
-def fleet(root: Path, directory: Path, replicas: int = 2, **settings: str) -> Iterator[Fleet]:
-    """Start the Redis and ``replicas`` gateways with their Tritons (see the module
-    docstring) and wait until every gateway is ready: its Triton serves production 1.
-    ``settings``: more CASCADE_* variables. Stops it all on exit."""
+def fleet(
+    root: Path,
+    directory: Path,
+    replicas: int = 2,
+    cache_cluster: bool = False,
+    **settings: str,
+) -> Iterator[Fleet]:
+    """Start the Redis (and with ``cache_cluster`` a 3-node Redis Cluster for the cache) and
+    ``replicas`` gateways with their Tritons (see the module docstring), and wait until every
+    gateway is ready: its Triton serves production 1. ``settings``: more CASCADE_* variables.
+    Stops it all on exit."""
     with ExitStack() as stack:
         redis_url, redis_pid = _redis(root, directory / "redis", stack)
-        env = environment(root, redis_url, **settings)
+        cache_url = None
+        if cache_cluster:
+            cluster = start_redis_cluster(directory / "cache-cluster")
+            stack.callback(cluster.stop)
+            cache_url = cluster.url
+        _rows(root, cache_url or redis_url)
+        env = environment(root, redis_url, cache_url, **settings)
         taken: set[int] = set()
         started = []
         for number in range(replicas):

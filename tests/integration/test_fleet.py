@@ -1,5 +1,6 @@
 """A serving fleet converges (issue 35): two gateway processes, each with its own Triton
-(``tests/integration/fleet_shape.py``), one Redis, a canary rollout across both; one Triton
+(``tests/integration/fleet_shape.py``), one durable Redis and a 3-node Redis Cluster for the
+cache (the ranker's embedding rows), a canary rollout across both; one Triton
 is killed mid-rollout. Its gateway keeps answering, degraded, never 5xx, and leaves
 readiness; the rollout does not count it as applied; its Triton comes back (the gateway's
 supervisor restarts it, serving only its repository's default) and the reconcile loop
@@ -31,7 +32,7 @@ def test_a_killed_triton_comes_back_on_the_desired_versions(exported: Path, tmp_
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not installed (.ci/run installs it)")
     root = fleet_export(exported, tmp_path / "artifacts", TrainConfig(**EXPORTED_TRAINING))
-    with fleet(root, tmp_path / "fleet", replicas=2) as stack:
+    with fleet(root, tmp_path / "fleet", replicas=2, cache_cluster=True) as stack:
         a, b = stack.replicas
         for replica in (a, b):  # each Triton started on its deployed default
             assert replica.triton_serves(1) and not replica.triton_serves(2)
