@@ -146,6 +146,11 @@ class TrainConfig(BaseModel):
         8, ge=1, description="Most DLRM epochs; the best on validation AUC is kept."
     )
     dlrm_batch: int = Field(1024, ge=1, description="DLRM batch size.")
+    sharded_embeddings: bool = Field(
+        False,
+        description="Shard DLRM's embedding tables over the torchrun ranks with TorchRec "
+        "(needs torchrec: docs/scaling-out.md); the release is the same.",
+    )
     dlrm_lr: float = Field(2e-3, gt=0, description="Adam learning rate of DLRM.")
     dlrm_dim: int = Field(
         16, ge=4, description="Embedding width; float32 rows must be a multiple of 16 bytes."

@@ -192,7 +192,10 @@ def train_ranking_model(
     main = distributed.replicas().main
     valid = ranking_inputs(workdir / "ranking_valid.parquet", schema) if main else None
     model = build_dlrm(workflow, dense_width(workdir / "ranking_train.parquet", schema), config)
-    curve, valid_logits = train_dlrm(model, schema, workdir, valid, config, report)
+    trainer = train_dlrm
+    if config.sharded_embeddings:  # TorchRec is imported only when asked for
+        from pipelines.training.sharded import train_dlrm_sharded as trainer
+    curve, valid_logits = trainer(model, schema, workdir, valid, config, report)
     return workflow, model, curve, valid, valid_logits
 
 
