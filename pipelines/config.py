@@ -182,8 +182,8 @@ class TrainConfig(BaseModel):
         ge=1,
         description="Fit the feature workflow and write the ranking rows on a Dask "
         "LocalCluster of this many single-threaded worker processes on 127.0.0.1 (the "
-        "`distributed` extra); the fitted workflow equals the one-process fit. Default: in "
-        "this process (docs/scaling-out.md).",
+        "`distributed` extra); the fitted workflow equals the one-process fit. Global split "
+        "only; not for cascade retrain. Unset: in this process (docs/scaling-out.md).",
     )
     dask_scheduler: str | None = Field(
         None,

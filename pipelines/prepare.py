@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from core.errors import DataError
+from core.errors import ConfigError, DataError
 from core.features.ops import Columns
 from core.features.rows import AttributeTable, labelled_rows
 from core.features.schema import FeatureSchema
@@ -234,13 +234,17 @@ def prepare(
     if fit_workers is None and dask_scheduler is None:
         _fit_in_memory(dataset, workdir, workflow, split, seed, ranking_columns)
     else:
-        from pipelines import prepare_distributed
-        from pipelines.features_distributed import dask_client
+        try:
+            from pipelines import prepare_distributed
+        except ModuleNotFoundError as missing:  # a train-only install has no Dask
+            raise ConfigError(
+                f"--fit-workers/--dask-scheduler need the distributed extra ({missing.name} "
+                "is not installed): pip install 'cascade-recsys[distributed]'"
+            ) from None
 
-        with dask_client(fit_workers or 1, dask_scheduler) as client:
-            prepare_distributed.fit_on_cluster(
-                client, dataset, split, workdir, workflow, seed, ranking_columns
-            )
+        prepare_distributed.fit_on_cluster(
+            (fit_workers, dask_scheduler), dataset, split, workdir, workflow, seed, ranking_columns
+        )
     workflow.save(workdir / "workflow")
     write_online_tables(dataset, workdir / "online", history_length)
 

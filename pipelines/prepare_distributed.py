@@ -129,7 +129,7 @@ def _write_split(
 
 
 def fit_on_cluster(
-    client: Client,
+    cluster: tuple[int | None, str | None],
     dataset: RawDataset,
     split: Split,
     workdir: Path,
@@ -137,15 +137,31 @@ def fit_on_cluster(
     seed: int,
     names: tuple[str, ...],
 ) -> None:
-    """Fit ``workflow`` on the hashed split's training rows of ``dataset`` on the cluster of
-    ``client`` and write ``ranking_{train,valid,test}.parquet`` (columns ``names``) into
-    ``workdir``. Any other ``split`` is refused: the workers split their partitions by each
-    row's own hash."""
+    """Fit ``workflow`` on the hashed split's training rows of ``dataset`` on the cluster
+    ``cluster`` (local workers, or a scheduler's address) and write
+    ``ranking_{train,valid,test}.parquet`` (columns ``names``) into ``workdir``. Any other
+    ``split`` is refused before a cluster starts: the workers split their partitions by
+    each row's own hash."""
     if not same_split(split, hashed_split(dataset.interactions, seed)):
         raise ConfigError(
             "--fit-workers/--dask-scheduler support the default hashed split only (each "
             "worker splits its own rows by their hash); this split chooses rows by others"
         )
+    workers, scheduler = cluster
+    with fd.dask_client(workers or 1, scheduler) as client:
+        _fit_and_write(client, dataset, workdir, workflow, seed, names)
+
+
+def _fit_and_write(
+    client: Client,
+    dataset: RawDataset,
+    workdir: Path,
+    workflow: Workflow,
+    seed: int,
+    names: tuple[str, ...],
+) -> None:
+    """Partitions of ``dataset`` (about four per worker, at most ``PARTITION_ROWS`` rows),
+    the fit, and the three ranking files; the partitions are removed after."""
     workers = max(1, len(client.scheduler_info()["workers"]))
     rows = math.ceil(max(len(dataset.interactions), 1) / (workers * PARTITIONS_PER_WORKER))
     rows = min(fd.PARTITION_ROWS, rows)
