@@ -35,10 +35,10 @@ def launched(root: Path, timeout_s: str) -> Iterator[subprocess.Popen[str]]:
         "--standalone",
         "--nproc_per_node",
         "2",
-        # the agent looks at its workers every 2 s: rank 0 sees the lost peer first, so its
-        # own message is in the output (torchrun's summary follows either way)
+        # the agent looks at its workers every 5 s: rank 0 sees the lost peer first (at its
+        # next collective), so its own message is in the output before the agent stops it
         "--monitor-interval",
-        "2",
+        "5",
         "--no-python",
         str(BIN / "cascade"),
         *TRAIN,
