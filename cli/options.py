@@ -153,8 +153,12 @@ def _option_type(annotation: Any) -> Any:
 
 def add_config_options(parser: argparse.ArgumentParser, config: type[BaseModel]) -> None:
     """One ``--option`` per field of ``config`` (``TrainConfig``), with the field's
-    description as help; unset options keep the config's value."""
+    description as help (and its default, unless the description says what it is);
+    unset options keep the config's value."""
     for name, field in config.model_fields.items():
+        text = field.description or ""
+        if "default" not in text.lower():
+            text = f"{text} (default: {field.default})"
         kind = _option_type(field.annotation)
         extra: dict[str, Any] = {"type": kind}
         if kind in (int, float):  # its bounds and validators, checked as it is parsed
@@ -167,7 +171,7 @@ def add_config_options(parser: argparse.ArgumentParser, config: type[BaseModel])
             f"--{name.replace('_', '-')}",
             dest=name,
             default=None,
-            help=f"{field.description or ''} (default: {field.default})",
+            help=text,
             **extra,
         )
 

@@ -183,13 +183,14 @@ class TrainConfig(BaseModel):
         description="Fit the feature workflow and write the ranking rows on a Dask "
         "LocalCluster of this many single-threaded worker processes on 127.0.0.1 (the "
         "`distributed` extra); the fitted workflow equals the one-process fit. Global split "
-        "only; not for cascade retrain. Unset: in this process (docs/scaling-out.md).",
+        "only; not for cascade retrain. Default: in this process (docs/scaling-out.md).",
     )
     dask_scheduler: str | None = Field(
         None,
         min_length=1,
         description="Like --fit-workers, on the running Dask cluster whose scheduler is at "
-        "this address (tcp://host:8786); its workers must see --workdir at the same path.",
+        "this address (tcp://host:8786); its workers must see --workdir at the same path. "
+        "Default: none.",
     )
 
     @model_validator(mode="after")
