@@ -203,13 +203,15 @@ def analyse(
     state: SequentialState,
     srm_requests: tuple[int, int] | None = None,
     srm_variance: float | None = None,
+    srm_heaviest: float = 0.0,
 ) -> tuple[Decision, SequentialState]:
     """Judge one look: SRM halts, a guardrail breach fails, then CTR passes, fails or holds.
 
     ``control`` is the production arm; ``state`` is what the previous look returned.
     ``srm_requests`` (control, canary) are the requests the sample-ratio test judges when
     they differ from the arms' (only those served while ``canary_weight`` was in force),
-    ``srm_variance`` the clustered variance of their canary count (see ``srm_test``).
+    ``srm_variance`` the variance of their canary count and ``srm_heaviest`` the most
+    requests one user made (see ``srm_test``).
     """
     values: dict[str, Value] = {"canary_weight": canary_weight, "look": state.looks + 1}
     for arm, stats in (("control", control), ("canary", canary)):
@@ -218,7 +220,7 @@ def analyse(
         values[f"p99_ms_{arm}"] = stats.p99_ms
 
     control_n, canary_n = srm_requests or (control.requests, canary.requests)
-    srm = _srm_check(control_n, canary_n, canary_weight, config, values, srm_variance)
+    srm = _srm_check(control_n, canary_n, canary_weight, config, values, srm_variance, srm_heaviest)
     guardrails = _guardrail_checks(control, canary, config, values)
     kpi, state = _kpi_check(control, canary, config, state, values)
     checks = [srm, *guardrails, kpi]
@@ -246,8 +248,11 @@ def _srm_check(
     config: AnalysisConfig,
     values: dict[str, Value],
     variance: float | None = None,
+    heaviest: float = 0.0,
 ) -> Check:
-    chi2, p = srm_test(control_requests, canary_requests, canary_weight, variance, config.srm_tau)
+    chi2, p = srm_test(
+        control_requests, canary_requests, canary_weight, variance, config.srm_tau, heaviest
+    )
     total = control_requests + canary_requests
     values.update(srm_chi2=chi2, srm_p=p, srm_expected_canary=total * canary_weight)
     split = f"canary {canary_requests} of {total} requests, configured weight {canary_weight:g}"

@@ -306,6 +306,7 @@ class RolloutController:
             SequentialState(**record.sequential),
             srm_requests=(control_n, canary_n),
             srm_variance=srm_variance,
+            srm_heaviest=record.heaviest_user(),
         )
         record.sequential = dataclasses.asdict(state)
         record.looks += 1

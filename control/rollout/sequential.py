@@ -19,6 +19,7 @@ def srm_test(
     canary_weight: float,
     variance: float | None = None,
     tau: float | None = None,
+    heaviest: float = 0.0,
 ) -> tuple[float, float]:
     """The observed split against ``canary_weight``: (chi2, p).
 
@@ -32,7 +33,12 @@ def srm_test(
     its deviation from ``w``: ``tau * sqrt(w * (1 - w))``), ``min(1, 1 / LR)``: rejecting
     whenever it falls below alpha keeps the false-halt rate under alpha however many looks
     judge the growing counts (the one-look p, repeated every interval, does not: about 1 %
-    of healthy rollouts over 40 looks at p < 0.001, and more the more looks)."""
+    of healthy rollouts over 40 looks at p < 0.001, and more the more looks).
+
+    ``heaviest``: the most requests one user made (or an upper bound). A deviation toward
+    the smaller share's excess then gets Bernstein's allowance for a sum of few large terms;
+    a shortfall of the smaller arm (what a broken split usually shows) keeps the normal test,
+    whose lower tail is the lighter one for such sums."""
     if not 0.0 < canary_weight < 1.0:
         raise ConfigError(f"canary_weight must lie in (0, 1), got {canary_weight}")
     total = control_requests + canary_requests
@@ -41,7 +47,13 @@ def srm_test(
     expected_canary = total * canary_weight
     binomial = total * canary_weight * (1.0 - canary_weight)
     spread = max(binomial, variance or 0.0)
-    chi2 = (canary_requests - expected_canary) ** 2 / spread
+    deviation = canary_requests - expected_canary
+    if heaviest > 0.0 and deviation * (0.5 - canary_weight) > 0.0:
+        # the smaller arm's count is a sum over few users, skewed toward excess: a heavy user
+        # drawn into it moves it by ``heaviest`` at once, which the normal tail understates;
+        # Bernstein's inequality allows for it with ``heaviest * |deviation| / 3`` more
+        spread += heaviest * abs(deviation) / 3.0
+    chi2 = deviation**2 / spread
     if tau is None:
         return chi2, math.erfc(math.sqrt(chi2 / 2.0))
     # the share's deviation theta, its variance s2 and the mixture's prior variance t2

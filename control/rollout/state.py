@@ -224,6 +224,14 @@ class RolloutRecord(BaseModel):
     def split(self, share: str) -> SplitCounts:
         return self.splits.setdefault(share, SplitCounts())
 
+    def heaviest_user(self) -> float:
+        """The most requests one user bucket made in the judged splits: an upper bound on
+        any one user's (0 for records without buckets)."""
+        judged = [s for share, s in self.splits.items() if 0 < float(share) < 1]
+        counts = [s.bucket_counts() for s in judged]
+        dense = [c for c in counts if c is not None]
+        return float(np.max(np.sum(dense, axis=0))) if dense else 0.0
+
     def split_test_counts(self) -> tuple[int, int, float, float | None]:
         """(control, canary) requests the canary split assigned, the canary share expected of
         them (each split's share times its requests), and the variance of

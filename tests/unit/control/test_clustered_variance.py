@@ -247,3 +247,56 @@ def test_a_canary_with_a_slower_tail_fails_the_latency_guardrail():
     decision, _ = analyse(control, canary, 0.5, CONFIG, SequentialState())
     latency = next(c for c in decision.checks if c.name == "latency")
     assert latency.passed is False and decision.reason == "latency", latency.detail
+
+
+def _dominant_user_halts(heaviest: bool, canary_share: float = 0.05, reps: int = 40) -> float:
+    """A population where one user makes 5 % of all requests and sits on the canary (a 5 %
+    step: the draw that happens to 1 in 20 rollouts), the others Pareto(2); the share of
+    healthy rollouts the split test halts over 20 looks of 1,200 requests."""
+    rng = np.random.default_rng(11)
+    users, halted = 943, 0
+    ids = np.array([user_bucket(str(user)) for user in range(users)])
+    for _ in range(reps):
+        activity = rng.pareto(2.0, users) + 1
+        activity[0] = 0.0
+        activity *= 0.95 / activity.sum()
+        activity[0] = 0.05
+        on_canary = rng.random(users) < canary_share
+        on_canary[0] = True
+        record = RolloutRecord(id="x", version=2, production=1, weights=[0.05])
+        split = record.split("0.05")
+        asked = np.zeros(users)
+        for _ in range(20):
+            asked += rng.multinomial(1_200, activity)
+            canary = int(asked[on_canary].sum())
+            split.canary, split.control = canary, int(asked.sum()) - canary
+            per_bucket = np.bincount(ids, asked, SPLIT_BUCKETS).astype(int)
+            split.buckets = {int(b): int(per_bucket[b]) for b in np.flatnonzero(per_bucket)}
+            control, canary, weight, variance = record.split_test_counts()
+            heavy = record.heaviest_user() if heaviest else 0.0
+            if srm_test(control, canary, weight, variance, CONFIG.srm_tau, heavy)[1] < 0.01:
+                halted += 1
+                break
+    return halted / reps
+
+
+def test_one_heavy_user_drawn_into_a_small_canary_is_no_mismatch():
+    # the normal tail alone halts these healthy rollouts; Bernstein's allowance does not
+    assert _dominant_user_halts(heaviest=False) > 0.05
+    assert _dominant_user_halts(heaviest=True) <= 0.025
+
+
+def test_a_canary_short_of_its_share_still_halts_with_the_allowance():
+    record = RolloutRecord(id="x", version=2, production=1, weights=[0.2])
+    split = record.split("0.2")
+    rng = np.random.default_rng(5)
+    activity = rng.pareto(2.0, 5_000) + 1
+    for number in rng.choice(5_000, size=20_000, p=activity / activity.sum()):
+        user = str(number)  # a replica that routes only a third of the canary's users
+        split.add(user, canary=user_bucket(user) % 15 == 0)
+    control, canary, weight, variance = record.split_test_counts()
+    assert record.heaviest_user() > 0
+    assert (
+        srm_test(control, canary, weight, variance, CONFIG.srm_tau, record.heaviest_user())[1]
+        < 0.01
+    )
