@@ -94,3 +94,19 @@ def test_fit_workers_below_one_is_refused_by_the_parser(
         main(["train", "--fit-workers", "0"])
     assert exit_.value.code == 2
     assert "--fit-workers: must be an integer >= 1, got '0'" in capsys.readouterr().err
+
+
+def test_base_fraction_is_fitted_on_the_oldest_rows_only(tmp_path: Path) -> None:
+    """The cluster reads the data set prepare was given (here cut to its oldest half)."""
+    cut = [*DATA, "--seed", "2", "--base-fraction", "0.5"]
+    assert main(["train", "prepare", *cut, "--workdir", str(tmp_path / "memory")]) == 0
+    assert (
+        main(["train", "prepare", *cut, "--fit-workers", "2", "--workdir", str(tmp_path / "c")])
+        == 0
+    )
+    _same_files(tmp_path / "memory" / "workflow", tmp_path / "c" / "workflow")
+    assert filecmp.cmp(
+        tmp_path / "memory" / "ranking_test.parquet",
+        tmp_path / "c" / "ranking_test.parquet",
+        shallow=False,
+    )
