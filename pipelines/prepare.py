@@ -4,7 +4,8 @@ Writes into a work directory:
 
 - ``workflow/``: the fitted feature workflow (serving loads the exported copy);
 - ``ranking_{train,valid,test}.parquet``: DLRM/GBM rows (rating == 3 dropped), training
-  rows written in random order, so every row group is already a random sample;
+  rows written in random order, so every row group is already a random sample (on a Dask
+  cluster, a sample stratified by partition: ``pipelines/prepare_distributed.py``);
 - ``retrieval.npz``: tower inputs per catalog user and item, each user's recent history,
   retrieval positives of each split, item sampling log-probabilities (log-Q).
 """

@@ -148,7 +148,7 @@ def fit_on_cluster(
             "worker splits its own rows by their hash); this split chooses rows by others"
         )
     workers, scheduler = cluster
-    with fd.dask_client(workers or 1, scheduler) as client:
+    with fd.dask_client(1 if workers is None else workers, scheduler) as client:
         _fit_and_write(client, dataset, workdir, workflow, seed, names)
 
 

@@ -80,3 +80,9 @@ def test_without_the_distributed_extra_the_error_names_it(
     dataset = make_synthetic(n_users=40, n_items=30, n_interactions=600, seed=1)
     with pytest.raises(ConfigError, match=r"distributed extra \(distributed is not installed\)"):
         prepare(dataset, tmp_path, dask_scheduler="tcp://127.0.0.1:8786")
+
+
+def test_zero_workers_is_refused_not_rounded_up(tmp_path: Path) -> None:
+    dataset = make_synthetic(n_users=40, n_items=30, n_interactions=600, seed=1)
+    with pytest.raises(ValueError, match="workers must be at least 1"):
+        prepare(dataset, tmp_path, fit_workers=0)
