@@ -39,6 +39,20 @@ def tree_features(
     return x, list(range(inputs["dense"].shape[1], x.shape[1]))
 
 
+# The trees' shape and learning parameters, shared by every trainer of the model (one
+# process here, LightGBM's Dask interface in pipelines/training/gbm_dask.py).
+TREE_PARAMS: dict[str, object] = {
+    "objective": "binary",
+    "learning_rate": 0.05,
+    "num_leaves": 63,
+    "min_data_in_leaf": 40,
+    "feature_fraction": 0.8,
+    "bagging_fraction": 0.8,
+    "bagging_freq": 1,
+    "lambda_l2": 1.0,
+}
+
+
 class TreeRanker:
     """LightGBM binary classifier whose logit is the ranking score."""
 
@@ -60,14 +74,7 @@ class TreeRanker:
         """Train with early stopping on the validation logloss (``weight``: per training row,
         default 1); return the per-round curves."""
         params = {
-            "objective": "binary",
-            "learning_rate": 0.05,
-            "num_leaves": 63,
-            "min_data_in_leaf": 40,
-            "feature_fraction": 0.8,
-            "bagging_fraction": 0.8,
-            "bagging_freq": 1,
-            "lambda_l2": 1.0,
+            **TREE_PARAMS,
             "seed": seed,
             "num_threads": threads,
             "verbose": -1,

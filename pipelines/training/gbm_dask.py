@@ -25,7 +25,13 @@ from distributed import Client
 
 from core.features.spec import DENSE, LABEL, WEIGHT
 from core.features.workflow import Workflow
-from core.tree_ranker import TreeRanker, categorical_positions, tree_categorical, tree_features
+from core.tree_ranker import (
+    TREE_PARAMS,
+    TreeRanker,
+    categorical_positions,
+    tree_categorical,
+    tree_features,
+)
 from pipelines.storage import column_names
 
 PARTITION_ROWS = 1 << 20  # rows per partition: whole row groups up to about this many
@@ -35,19 +41,7 @@ _ARRAYS = ("x", "label", "weight")
 def _params(seed: int, rounds: int) -> dict[str, Any]:
     """``TreeRanker.fit``'s parameters (fixed ``rounds``: no early stopping on Dask; each
     worker uses its own threads)."""
-    return {
-        "objective": "binary",
-        "learning_rate": 0.05,
-        "num_leaves": 63,
-        "min_data_in_leaf": 40,
-        "feature_fraction": 0.8,
-        "bagging_fraction": 0.8,
-        "bagging_freq": 1,
-        "lambda_l2": 1.0,
-        "seed": seed,
-        "verbose": -1,
-        "n_estimators": rounds,
-    }
+    return {**TREE_PARAMS, "seed": seed, "verbose": -1, "n_estimators": rounds}
 
 
 def _pieces(paths: Sequence[Path], rows: int) -> list[tuple[Path, tuple[int, ...], int]]:
