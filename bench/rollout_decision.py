@@ -229,7 +229,10 @@ async def main() -> None:
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--cuped-theta", type=float, default=None, help="fixed theta (default: fitted)"
+        "--cuped-theta",
+        type=lambda text: None if text == "fitted" else float(text),
+        default=AnalysisConfig.cuped_theta,
+        help="fixed theta, or `fitted` at each look (default: the controller's)",
     )
     parser.add_argument("--min-impressions", type=int, default=AnalysisConfig.min_impressions)
     args = parser.parse_args()

@@ -135,9 +135,10 @@ def add_rollout_parser(commands: Any) -> None:
     )
     parser.add_argument(
         "--cuped",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=analysis.cuped,
         help="adjust the CTR test by each user's CTR before the rollout (CUPED: decides "
-        "sooner on a fixed user population; off by default, see docs/continuous-training.md)",
+        "sooner on a fixed user population; docs/continuous-training.md)",
     )
     parser.add_argument(
         "--cuped-pre-period-s",
@@ -147,10 +148,10 @@ def add_rollout_parser(commands: Any) -> None:
     )
     parser.add_argument(
         "--cuped-theta",
-        type=opt.positive_float,
+        type=_theta,
         default=analysis.cuped_theta,
         help="with --cuped: a fixed adjustment coefficient (1: the whole pre-period "
-        "difference); default fitted at each look",
+        "difference), or `fitted` (estimated at each look)",
     )
     parser.add_argument(
         "--force",
@@ -194,6 +195,18 @@ def add_rollout_parser(commands: Any) -> None:
         action="store_true",
         help="with `candidate`: exit 0 when there is none (a worker that runs on a schedule)",
     )
+
+
+def _theta(text: str) -> float | None:
+    """``--cuped-theta``: a positive number, or ``fitted`` (None)."""
+    if text == "fitted":
+        return None
+    try:
+        return opt.positive_float(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"expected a number > 0 or `fitted`, got {text!r}"
+        ) from None
 
 
 def _target_version(controller: RolloutController, target: str) -> int:

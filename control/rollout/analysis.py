@@ -79,14 +79,16 @@ class AnalysisConfig:
     max_p99_increase_ms: float = 25.0
     """...and by at least this many milliseconds: a 2 ms against 1 ms p99 is no breach, and a
     p99 of a few hundred requests on a busy machine moves by tens of ms on its own."""
-    cuped: bool = False
+    cuped: bool = True
     """Adjust the CTR difference by the users' pre-rollout CTR (CUPED) when the arms carry
-    it: off until measured (docs/benchmarks/rollout_decision.md, 2026-11-26)."""
+    it (without pre-period events nothing is adjusted). On with ``cuped_theta`` 1 since A/A
+    rollouts held the level (docs/benchmarks/rollout_decision.md)."""
     cuped_pre_period_s: float = 86_400.0
     """How far before the rollout's start the covariate's events are read (a day)."""
-    cuped_theta: float | None = None
-    """None: ``theta`` fitted pooled over both arms' user clusters at each look; a number:
-    fixed (1 adjusts by the whole pre-period difference; measured, see the benchmark note)."""
+    cuped_theta: float | None = 1.0
+    """A number: fixed (1 adjusts by the whole pre-period difference); None: ``theta`` fitted
+    pooled over both arms' user clusters at each look (anti-conservative on few users: see
+    the benchmark note)."""
     srm_alpha: float = 0.01
     """Level of the sample-ratio test over all looks of a rollout (always valid)."""
     srm_tau: float = 0.075

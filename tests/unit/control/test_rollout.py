@@ -497,7 +497,9 @@ async def test_with_cuped_the_controller_adjusts_by_the_users_ctr_before_the_sta
 
 async def test_without_cuped_the_record_carries_no_covariate(artifacts: Path) -> None:
     store, clock, rng = InMemoryStore(), Clock(), np.random.default_rng(12)
-    controller = _controller(artifacts, store, clock)
+    controller = _controller(
+        artifacts, store, clock, analysis=dataclasses.replace(ANALYSIS, cuped=False)
+    )
     controller.start(2)
     await _traffic(store, rng, 0.5, {1: 0.05, 2: 0.05}, answers=400)
     record = await controller.look()

@@ -73,6 +73,7 @@ def test_bad_input_is_one_line_naming_the_problem(
         (["--steps", "0.5,0.2"], "none below the one before, got '0.5,0.2'"),
         (["--margin", "2"], "argument --margin: must be a finite number in [0, 1), got '2'"),
         (["--interval-s", "inf"], "argument --interval-s: must be a finite number > 0, got 'inf'"),
+        (["--cuped-theta", "x"], "argument --cuped-theta: expected a number > 0 or `fitted`"),
     ],
 )
 def test_bad_option_values_are_usage_errors_naming_the_option(
@@ -155,3 +156,20 @@ def test_plan_forecasts_from_the_logged_traffic_and_refuse_late_refuses(
     code, out, err = _run(capsys, "rollout", "2", "--artifacts", root, "--refuse-late", *slow)
     assert code == 3 and "would end inconclusive at its deadline" in out + err
     assert FileRegistry(artifacts / "registry.json").get(2).state == VersionState.CANDIDATE  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("argv", "cuped", "theta"),
+    [([], True, 1.0), (["--no-cuped"], False, 1.0), (["--cuped-theta", "fitted"], True, None)],
+)
+def test_cuped_is_on_with_theta_one_unless_told(
+    artifacts: Path, argv: list[str], cuped: bool, theta: float | None
+) -> None:
+    import argparse
+
+    from cli.rollout import _plan, add_rollout_parser
+
+    parser = argparse.ArgumentParser()
+    add_rollout_parser(parser.add_subparsers())
+    plan = _plan(parser.parse_args(["rollout", "2", "--artifacts", str(artifacts), *argv]))
+    assert (plan.analysis.cuped, plan.analysis.cuped_theta) == (cuped, theta)

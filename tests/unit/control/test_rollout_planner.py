@@ -149,7 +149,7 @@ def test_a_small_population_bounds_what_any_amount_of_time_can_show() -> None:
     at 50 % does not); a 30 % margin at 50 % decides."""
     spread = 0.05 * 0.95 / 21
     crowd = Traffic(40.0, 10.0, 0.05, user_variance=spread, effective_users=600.0)
-    plan = RolloutPlan(interval_s=10, min_step_s=60)
+    plan = RolloutPlan(interval_s=10, min_step_s=60, analysis=AnalysisConfig(cuped=False))
     outlook = forecast(crowd, plan)
     assert outlook.steps[0].seconds == float("inf") and not outlook.within_deadline
     lines = outlook.lines(plan.step_deadline_s)
@@ -158,6 +158,6 @@ def test_a_small_population_bounds_what_any_amount_of_time_can_show() -> None:
         weights=(0.5,),
         interval_s=10,
         min_step_s=60,
-        analysis=AnalysisConfig(non_inferiority_margin=0.3),
+        analysis=AnalysisConfig(non_inferiority_margin=0.3, cuped=False),
     )
     assert forecast(crowd, wide).within_deadline
