@@ -33,7 +33,6 @@ import argparse
 import json
 import os
 import resource
-import socket
 import subprocess
 import sys
 import tempfile
@@ -48,6 +47,7 @@ from publish import publish
 
 from pipelines.models.dlrm import DLRM
 from pipelines.training.loop import make_step, seed_everything
+from services.util.local_redis import free_port
 
 TABLES = [1_000_000, 200_000, 50_000, 10_000, 1_000, 100, 20, 7]
 QUICK_TABLES = [100_000, 20_000, 5_000, 1_000, 100, 7]
@@ -129,12 +129,6 @@ def run_sharded(tables: list[int], batch: int, steps: int) -> dict[str, Any]:
             "peak_rss_mb": peak_rss_mb(),
             "plan": plan,
         }
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def launch(role: str, ranks: int, threads: int, args: argparse.Namespace, out: Path) -> list[dict]:

@@ -13,7 +13,6 @@ gradient near zero magnifies rounding differences).
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -26,36 +25,27 @@ import torch
 pytest.importorskip("torchrec")
 
 from pipelines.models.dlrm import DLRM
+from services.util.local_redis import free_port
 from tests.integration.sharded_dlrm_ranks import CARDINALITIES, DIM, N_DENSE
 
 WORKER = Path(__file__).with_name("sharded_dlrm_ranks.py")
 CPU_TYPES = {"table_wise", "column_wise"}
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def two_ranks(worker: Path, *args: str) -> None:
+    """Run ``worker`` on 2 ranks under torchrun (gloo, loopback); fail with its stderr."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+    command += ["--master_addr", "127.0.0.1", "--master_port", str(free_port())]
+    done = subprocess.run(
+        [*command, str(worker), *args], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
 
 
 @pytest.fixture(scope="module")
 def cases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("sharded")
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_addr",
-        "127.0.0.1",
-        "--master_port",
-        str(free_port()),
-        str(WORKER),
-        str(out),
-    ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-4000:]
+    two_ranks(WORKER, str(out))
     return torch.load(out / "results.pt", weights_only=False)
 
 

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +27,7 @@ from core.features.workflow import Workflow
 from pipelines.config import TrainConfig
 from pipelines.training.ranking import build_dlrm, dlrm_logits, ranking_inputs
 from tests.integration.sharded_training_ranks import main as train_alone
-from tests.integration.test_sharded_dlrm import free_port
+from tests.integration.test_sharded_dlrm import two_ranks
 
 WORKER = Path(__file__).with_name("sharded_training_ranks.py")
 DATA = ["--dataset", "synthetic", "--users", "200", "--items", "300", "--interactions", "8000"]
@@ -44,22 +42,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, dict
         assert main([*steps, *DATA]) == 0
     assert not dist.is_initialized()
     train_alone(work, root, 2)  # a group of one in this process (torchrec is imported already)
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_addr",
-        "127.0.0.1",
-        "--master_port",
-        str(free_port()),
-        str(WORKER),
-        str(work),
-        str(root),
-    ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-4000:]
+    two_ranks(WORKER, str(work), str(root))
     results = {w: torch.load(root / f"trained_{w}.pt", weights_only=False) for w in (1, 2)}
     return work, results
 
