@@ -16,12 +16,16 @@ the planner's forecast from the same traffic, and the false rollback rate (A/A) 
 
     .venv/bin/python bench/rollout_decision.py --repetitions 10
     .venv/bin/python bench/rollout_decision.py --steps 0.2,0.5 --margin 0.1 --min-step-s 60
+
+``--steps auto`` (the default, as ``cascade rollout``'s) chooses the steps with the planner
+from the measured traffic and the pre-period, per CUPED setting.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import statistics
 import sys
@@ -40,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from control.registry import FileRegistry
 from control.rollout.analysis import AnalysisConfig
 from control.rollout.controller import RolloutController, RolloutPlan
-from control.rollout.planner import forecast, traffic_of
+from control.rollout.planner import choose_steps, forecast, traffic_of
 from control.rollout.state import ArmCounts, FileRolloutLog
 from services.state.desired_state import FileDesiredState
 from services.stores.memory import InMemoryStore
@@ -213,7 +217,7 @@ async def main() -> None:
     parser.add_argument("--rate", type=float, default=40.0, help="answers per second")
     parser.add_argument("--ctr", type=float, default=0.05)
     parser.add_argument("--concentration", type=float, default=20.0, help="user CTR beta a+b")
-    parser.add_argument("--steps", default="0.05,0.25,0.5")
+    parser.add_argument("--steps", default="auto", help="canary weights, or auto (planner)")
     parser.add_argument("--margin", type=float, default=0.05)
     parser.add_argument("--min-step-s", type=float, default=300.0)
     parser.add_argument("--interval-s", type=float, default=30.0)
@@ -239,7 +243,9 @@ async def main() -> None:
     settings = ["off", "on"] if args.cuped == "both" else [args.cuped]
     plans = {
         setting: RolloutPlan(
-            weights=tuple(float(w) for w in args.steps.split(",")),
+            weights=RolloutPlan.weights
+            if args.steps == "auto"
+            else tuple(float(w) for w in args.steps.split(",")),
             min_step_s=args.min_step_s,
             interval_s=args.interval_s,
             step_deadline_s=args.step_deadline_s,
@@ -253,10 +259,15 @@ async def main() -> None:
         )
         for setting in settings
     }
-    plan = plans[settings[0]]
     rng = np.random.default_rng(args.seed)
     users = Users(args.ctr, args.concentration, rng)
     traffic = await baseline_traffic(users, args.rate, rng)
+    if args.steps == "auto":  # as `cascade rollout` chooses them, the pre-period logged
+        logged = dataclasses.replace(traffic, history_s=args.pre_period_s)
+        for setting, candidate in plans.items():
+            weights = choose_steps(logged, candidate).weights
+            plans[setting] = dataclasses.replace(candidate, weights=weights)
+    plan = plans[settings[0]]
     answers = int(rng.poisson(args.rate * args.pre_period_s))
     no_canary = np.zeros(USERS, bool)
     pre_period = answers_of(users, rng, answers, no_canary, 0.0, 0.0)
@@ -282,7 +293,7 @@ async def main() -> None:
                     await one_rollout(plans[setting], users, effect, args.rate, seed, pre_period)
                 )
             key = f"{name}/cuped_{setting}"
-            results[key] = summary(name, runs, predicted)
+            results[key] = {"steps": list(plans[setting].weights), **summary(name, runs, predicted)}
             print(
                 f"{key:<20} effect {effect:+.0%}: {results[key]} "
                 f"({time.perf_counter() - started:.0f} s wall)",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import time
 from contextlib import ExitStack
@@ -77,9 +78,12 @@ def add_rollout_parser(commands: Any) -> None:
     opt.add_artifacts(parser)
     parser.add_argument(
         "--steps",
-        type=opt.increasing_weights,
-        default=",".join(f"{w:g}" for w in plan.weights),
-        help="canary weights of the steps (then promotion)",
+        type=_steps,
+        default=AUTO,
+        help="canary weights of the steps (then promotion), or `auto`: the smallest first "
+        "step of 5%%, 10%%, 25%%, 50%% at which the last 10 minutes of traffic let an "
+        "equivalent candidate decide within --step-deadline-s, then 25%% and 50%% "
+        "(5%% -> 25%% -> 50%% when there is no recent traffic)",
     )
     timing_and_thresholds = (
         ("--min-step-s", opt.positive_float, plan.min_step_s, "a step lasts at least this long"),
@@ -197,6 +201,14 @@ def add_rollout_parser(commands: Any) -> None:
     )
 
 
+AUTO = "auto"
+
+
+def _steps(text: str) -> tuple[float, ...] | str:
+    """``--steps``: ``auto`` or increasing canary weights."""
+    return AUTO if text == AUTO else opt.increasing_weights(text)
+
+
 def _theta(text: str) -> float | None:
     """``--cuped-theta``: a positive number, or ``fitted`` (None)."""
     if text == "fitted":
@@ -243,7 +255,7 @@ def _plan(args: argparse.Namespace) -> RolloutPlan:
         cuped_theta=args.cuped_theta,
     )
     return RolloutPlan(
-        args.steps,
+        RolloutPlan.weights if args.steps == AUTO else args.steps,
         args.min_step_s,
         args.interval_s,
         args.step_deadline_s,
@@ -265,7 +277,13 @@ def run_rollout(args: argparse.Namespace) -> int:
         print("rollout: no candidate to roll out (nothing to do)", flush=True)
         return 0
     version = _target_version(controller, args.target)
-    within = _forecast(args, controller.plan)
+    running = controller.log.load()
+    choose = args.steps == AUTO
+    if running is not None and running.status == "running" and running.version == version:
+        # resuming: the steps the rollout started with
+        controller.plan = dataclasses.replace(controller.plan, weights=tuple(running.weights))
+        choose = False
+    within = _forecast(args, controller, choose)
     if args.plan:
         return 0 if within else 1
     if within is False and args.refuse_late:
@@ -301,10 +319,11 @@ def run_rollout(args: argparse.Namespace) -> int:
     return 0 if record.status == "promoted" else 1
 
 
-def _forecast(args: argparse.Namespace, plan: RolloutPlan) -> bool | None:
-    """Print the plan's forecast from the recent traffic (control.rollout.planner); whether
-    every step decides within its deadline (None: no recent traffic to tell)."""
-    from control.rollout.planner import WINDOW_S, forecast, measure_traffic
+def _forecast(args: argparse.Namespace, controller: RolloutController, choose: bool) -> bool | None:
+    """Print the plan's forecast from the recent traffic (control.rollout.planner), with the
+    steps chosen from it when ``choose`` (``--steps auto``: set on ``controller.plan``);
+    whether every step decides within its deadline (None: no recent traffic to tell)."""
+    from control.rollout.planner import WINDOW_S, choose_steps, forecast, measure_traffic
     from services.serving.gateway import make_store
 
     async def measure() -> Any:
@@ -316,13 +335,26 @@ def _forecast(args: argparse.Namespace, plan: RolloutPlan) -> bool | None:
             await store.close()
 
     traffic = asyncio.run(measure())
+    plan = controller.plan
     if traffic.answers_per_s <= 0:
         print(
             f"plan: no traffic logged in the last {WINDOW_S:.0f} s to forecast from: the "
-            "rollout's time to a decision is unknown",
+            "rollout's time to a decision is unknown"
+            + (f"; steps {_percent(plan.weights)} (--steps auto's default)" if choose else ""),
             flush=True,
         )
         return None
+    if choose:
+        choice = choose_steps(traffic, plan)
+        plan = controller.plan = dataclasses.replace(plan, weights=choice.weights)
+        why = (
+            "the smallest first step at which an equivalent candidate decides every step "
+            f"within the {plan.step_deadline_s:.0f} s deadline"
+            if choice.fits
+            else "no first step lets an equivalent candidate decide within the "
+            f"{plan.step_deadline_s:.0f} s deadline: the largest"
+        )
+        print(f"plan: --steps auto: {_percent(plan.weights)}, {why}", flush=True)
     outlook = forecast(traffic, plan)
     for line in outlook.lines(plan.step_deadline_s):
         print(line, flush=True)
@@ -520,3 +552,7 @@ def _honoured(record: RolloutRecord, action: Action) -> RolloutRecord:
         f"rollout {record.id} was {record.status.replace('_', ' ')} ({record.reason}) "
         f"before its controller saw the {action} request{again if action == 'rollback' else ''}"
     )
+
+
+def _percent(weights: tuple[float, ...]) -> str:
+    return " -> ".join(f"{w:.0%}" for w in weights)

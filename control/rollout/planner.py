@@ -21,6 +21,7 @@ bound is reported as never deciding reliably.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 from collections.abc import Callable
@@ -37,6 +38,9 @@ from services.stores.base import OnlineStore
 
 READ_BATCH = 10_000
 WINDOW_S = 600.0  # the recent traffic the plan is made from
+STEP_LADDER = (0.05, 0.1, 0.25, 0.5)
+"""The first steps ``--steps auto`` tries, least exposure first; each is followed by the
+ladder's steps from 25 % up."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,8 @@ class Traffic:
     answers: int = 0
     clicks: int = 0
     window_s: float = 0.0
+    history_s: float = math.inf
+    """How far back the logged answers go: the pre-period CUPED can use is at most this."""
 
 
 @dataclass(frozen=True)
@@ -145,7 +151,8 @@ def forecast(traffic: Traffic, plan: RolloutPlan, effect: float = 0.0) -> Foreca
     share = 0.0  # what the users' pre-rollout CTR explains of their spread (CUPED)
     if config.cuped and per_user:
         # items an average user (weighted by activity) saw in the pre-period, at this rate
-        pre_items = traffic.answers_per_s * traffic.items_per_answer * config.cuped_pre_period_s
+        pre_s = min(config.cuped_pre_period_s, traffic.history_s)
+        pre_items = traffic.answers_per_s * traffic.items_per_answer * pre_s
         share = explained_share(traffic.user_variance, p, pre_items / traffic.effective_users)
     # one impression's CTR variance: binomial, with the users' spread apart (per_user) or
     # folded into the design effect
@@ -204,6 +211,35 @@ def forecast(traffic: Traffic, plan: RolloutPlan, effect: float = 0.0) -> Foreca
     return Forecast(traffic, effect, steps, covariate_share=share)
 
 
+def steps_from(first: float) -> tuple[float, ...]:
+    """``first``, then the ladder's steps from 25 % up (0.05 -> 0.05, 0.25, 0.5)."""
+    return (first, *(w for w in STEP_LADDER if w > first and w >= 0.25))
+
+
+@dataclass(frozen=True)
+class StepChoice:
+    weights: tuple[float, ...]
+    outlook: Forecast  # an equivalent candidate's forecast with these steps
+    fits: bool  # every step decides within the deadline
+
+
+def choose_steps(traffic: Traffic, plan: RolloutPlan) -> StepChoice:
+    """The steps for ``--steps auto``: the smallest first step of ``STEP_LADDER`` at which an
+    equivalent candidate (the slowest of those that must pass) decides every step within
+    ``plan.step_deadline_s`` at ``traffic``; else the largest (``fits`` False). A large
+    population keeps the 5 % first step; a small one, whose users differ by chance more than
+    a 5 % arm can rule out, starts larger rather than never deciding."""
+    choice = None
+    for first in STEP_LADDER:
+        weights = steps_from(first)
+        outlook = forecast(traffic, dataclasses.replace(plan, weights=weights), 0.0)
+        choice = StepChoice(weights, outlook, outlook.within_deadline)
+        if choice.fits:
+            break
+    assert choice is not None
+    return choice
+
+
 def _first_time(check: Callable[[float], bool], horizon_s: float = 1e9) -> float:
     """The least time in [0, horizon_s] at which ``check(t)`` holds (monotone; bisection)."""
     if check(0.0):
@@ -251,12 +287,16 @@ async def measure_traffic(store: OnlineStore, now: float, window_s: float = WIND
             break
     span = (last - first) if first is not None and last is not None else 0.0
     users = list(shown)
-    return traffic_of(
+    traffic = traffic_of(
         arm,
         span,
         np.array([shown[u] for u in users], np.float64),
         np.array([clicked[u] for u in users], np.float64),
     )
+    oldest = await store.read_stream("impressions", "0-0", 1)
+    if not oldest:
+        return traffic
+    return dataclasses.replace(traffic, history_s=now - int(oldest[0][0].split("-")[0]) / 1000.0)
 
 
 def user_spread(shown: np.ndarray, clicks: np.ndarray) -> tuple[float, float]:

@@ -132,6 +132,7 @@ def test_plan_forecasts_from_the_logged_traffic_and_refuse_late_refuses(
     root = str(artifacts)
     code, out, _ = _run(capsys, "rollout", "2", "--artifacts", root, "--plan")
     assert code == 1 and "no traffic logged in the last 600 s" in out
+    assert "steps 5% -> 25% -> 50% (--steps auto's default)" in out
 
     async def log_traffic() -> None:  # two bursts 0.2 s apart through the embedded store
         settings = Settings(artifacts=artifacts)
@@ -149,6 +150,10 @@ def test_plan_forecasts_from_the_logged_traffic_and_refuse_late_refuses(
     assert code == 0, out  # hundreds of answers a second: the step decides in time
     assert "plan: recent traffic" in out and "plan: step 0 at 50%" in out
     assert "an equivalent candidate decides in about" in out
+    code, out, _ = _run(capsys, "rollout", "2", "--artifacts", root, "--plan", "--margin", "0.5")
+    chosen = out.split("plan: --steps auto: ")[1].split(",")[0]  # e.g. "25% -> 50%"
+    assert f"plan: step 0 at {chosen.split(' -> ')[0]}:" in out
+    assert "the smallest first step at which an equivalent candidate decides" in out
     slow = ("--margin", "0.001", "--step-deadline-s", "300")
     code, out, _ = _run(capsys, "rollout", "2", "--artifacts", root, "--plan", *slow)
     assert code == 1 and "a step cannot decide at this user population" in out
@@ -156,6 +161,11 @@ def test_plan_forecasts_from_the_logged_traffic_and_refuse_late_refuses(
     code, out, err = _run(capsys, "rollout", "2", "--artifacts", root, "--refuse-late", *slow)
     assert code == 3 and "would end inconclusive at its deadline" in out + err
     assert FileRegistry(artifacts / "registry.json").get(2).state == VersionState.CANDIDATE  # type: ignore[union-attr]
+    # a running rollout keeps the steps it started with: the plan is made for those
+    code, out, _ = _run(capsys, "rollout", "2", "--artifacts", root, "--steps", "0.5", "--once")
+    assert code == 0 and "step 0 at 50%" in out
+    code, out, _ = _run(capsys, "rollout", "2", "--artifacts", root, "--plan")
+    assert "plan: step 0 at 50%" in out and "--steps auto" not in out
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ factor of 1.5 of the forecast, for an equivalent, a better and a worse candidate
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from collections import Counter
@@ -13,7 +14,14 @@ import pytest
 
 from control.rollout.analysis import AnalysisConfig, ArmStats, SequentialState, analyse
 from control.rollout.controller import RolloutPlan
-from control.rollout.planner import Traffic, forecast, measure_traffic, traffic_of
+from control.rollout.planner import (
+    Traffic,
+    choose_steps,
+    forecast,
+    measure_traffic,
+    steps_from,
+    traffic_of,
+)
 from control.rollout.state import ArmCounts
 from services.stores.memory import InMemoryStore
 from tests.unit.control.test_rollout import _traffic
@@ -122,12 +130,16 @@ def test_traffic_of_gives_the_rate_ctr_and_the_clustered_design_effect() -> None
 
 async def test_measure_traffic_reads_answers_and_vouched_clicks_of_the_window() -> None:
     store, rng = InMemoryStore(), np.random.default_rng(2)
+    assert (await measure_traffic(store, time.time())).history_s == float("inf")
+    started = time.time()
     await _traffic(store, rng, 0.0, {1: 0.1, 2: 0.1}, answers=300)
     traffic = await measure_traffic(store, time.time() + 1, window_s=60)
     assert traffic.answers == 300 and traffic.clicks > 0
     assert traffic.window_s >= 0
     later = await measure_traffic(store, time.time() + 600, window_s=60)
     assert later.answers == 0 and later.answers_per_s == 0
+    # the logged answers go back about 600 s: CUPED's pre-period can be no longer
+    assert 599 <= later.history_s <= time.time() - started + 601
 
 
 def test_user_spread_recovers_the_variance_of_users_own_click_rates() -> None:
@@ -161,3 +173,31 @@ def test_a_small_population_bounds_what_any_amount_of_time_can_show() -> None:
         analysis=AnalysisConfig(non_inferiority_margin=0.3, cuped=False),
     )
     assert forecast(crowd, wide).within_deadline
+
+
+def test_auto_steps_start_small_on_a_large_population_and_larger_on_a_small_one() -> None:
+    """--steps auto: the least exposure at which an equivalent candidate decides in time."""
+    assert steps_from(0.05) == (0.05, 0.25, 0.5) and steps_from(0.1) == (0.1, 0.25, 0.5)
+    assert steps_from(0.25) == (0.25, 0.5) and steps_from(0.5) == (0.5,)
+    spread = 0.05 * 0.95 / 21  # users' own rates spread as Beta(1, 19)
+    plan = RolloutPlan()
+    many = Traffic(400.0, 10.0, 0.05, user_variance=spread, effective_users=200_000.0)
+    choice = choose_steps(many, plan)
+    assert choice.weights == (0.05, 0.25, 0.5) and choice.fits
+    # MovieLens-sized (the bench's 943 users, ~270 effective), 40 answers/s for an hour,
+    # CUPED on: a 5 % or 10 % arm does not rule out the chance difference between its users
+    # within the hour's deadline
+    few = Traffic(40.0, 10.0, 0.05, user_variance=spread, effective_users=270.0, history_s=3600)
+    choice = choose_steps(few, plan)
+    assert choice.weights == (0.25, 0.5) and choice.fits
+    assert choice.outlook.within_deadline and choice.outlook.effect == 0
+    assert not forecast(few, plan).within_deadline  # the fixed 5 % first step would not
+    # a day of logged traffic before it: CUPED removes more of the users' spread
+    day = dataclasses.replace(few, history_s=86_400.0)
+    assert choose_steps(day, plan).weights == (0.1, 0.25, 0.5)
+    # nothing decides within a short deadline at a tiny margin: the largest step, said so
+    tight = RolloutPlan(
+        min_step_s=60, step_deadline_s=120, analysis=AnalysisConfig(non_inferiority_margin=0.01)
+    )
+    choice = choose_steps(few, tight)
+    assert choice.weights == (0.5,) and not choice.fits
