@@ -154,9 +154,13 @@ def forecast(traffic: Traffic, plan: RolloutPlan, effect: float = 0.0) -> Foreca
         pre_s = min(config.cuped_pre_period_s, traffic.history_s)
         pre_items = traffic.answers_per_s * traffic.items_per_answer * pre_s
         share = explained_share(traffic.user_variance, p, pre_items / traffic.effective_users)
-    # one impression's CTR variance: binomial, with the users' spread apart (per_user) or
-    # folded into the design effect
-    unit = p * (1 - p) * (1.0 if per_user else max(traffic.design_effect, 1.0))
+    # one impression's CTR variance: binomial, with the users' spread folded into the design
+    # effect, or apart (per_user): then which of the arm's users ask, an answer of
+    # ``items_per_answer`` items at a time, adds (items - 1) x their spread (CUPED's
+    # pre-period, weighted by its own answers, does not remove it)
+    unit = p * (1 - p) * max(traffic.design_effect, 1.0)
+    if per_user:
+        unit = p * (1 - p) + max(traffic.items_per_answer - 1.0, 0.0) * traffic.user_variance
     tau = config.mixture_tau * p
     margin = -config.non_inferiority_margin * p
     difference = effect * p
