@@ -30,6 +30,7 @@ NAMESPACE = "retrain-test"
 # +-35-50 %) and keep-best picked among near-equal noisy epochs (sometimes the first), so
 # candidate vs production swung from -52 % to +91 % across seeds at either temperature.
 SIZE = (1000, 800, 60_000)
+SMALL_SIZE = (300, 400, 15_000)  # where the gate's verdict does not matter
 SEED = int(os.environ.get("CASCADE_TEST_RETRAIN_SEED", "0"))  # data and training (robustness runs)
 GATE = """
 floors: {recall@10: 0.05, ndcg@10: 0.03, auc: 0.6, logloss: 0.75}
@@ -210,7 +211,7 @@ def test_a_run_killed_while_registering_is_cleaned_up_by_the_next(
         artifacts=root,
         config=TrainConfig(two_tower_epochs=1, bpr_epochs=1, dlrm_epochs=1, gbm_rounds=10),
         dataset="synthetic",
-        synthetic_size=SIZE,
+        synthetic_size=SMALL_SIZE,
         base_fraction=0.8,
         gate_config=tmp_path / "gate.yaml",
     )
