@@ -91,6 +91,16 @@ def _missing(values: pa.Array) -> np.ndarray:
 
 
 # --- ids ------------------------------------------------------------------------------------
+_EMPTY, _LONG = 1, 2  # why a string id is rejected
+
+
+def _check_words(words: pa.Array) -> np.ndarray:
+    """The rejection code of each new distinct string id (0: a good id)."""
+    empty = np.asarray(pc.equal(pc.utf8_trim_whitespace(words), ""), dtype=bool)
+    long = np.asarray(pc.greater(pc.utf8_length(words), MAX_ID_LENGTH), dtype=bool)
+    return np.where(empty, _EMPTY, np.where(long, _LONG, 0)).astype(np.uint8)
+
+
 class KindMismatch(Exception):
     """An id column broke the integer guess: start again with string ids."""
 
@@ -111,9 +121,18 @@ class SideIds:
 
     def map(self, values: pa.Array, batch: Batch, column: str, problems: Problems) -> np.ndarray:
         """The internal ids of ``values`` (0 where an id is bad; the bad rows are noted)."""
+        internal, found = self.find(values, batch, column)
+        for what, bad in found:
+            problems.add(what, batch, bad)
+        return internal
+
+    def find(self, values: pa.Array, batch: Batch, column: str) -> tuple[np.ndarray, list]:
+        """The internal ids of ``values`` (0 where an id is bad) and the problems found, as
+        (what, mask of bad rows) pairs. Only this side's state is touched, so the two sides
+        can be mapped in two threads and their problems noted in a fixed order after."""
         what = f"column {column!r}: {self.side} id"
-        null = _missing(values)
         if self.kind == "int":
+            null = _missing(values)
             if pa.types.is_string(values.type) and file_format(batch.file) == "csv":
                 if not canonical_ints(values):
                     raise KindMismatch(self.side)
@@ -121,37 +140,32 @@ class SideIds:
             if not pa.types.is_integer(values.type):
                 raise KindMismatch(self.side)
             ints = values.cast(pa.int64()).fill_null(0).to_numpy()
-            problems.add(f"{what} is null", batch, null)
-            problems.add(f"{what} is not >= 1 (0 means unknown)", batch, (ints <= 0) & ~null)
-            return np.where(ints > 0, ints, 0)
-        if not (pa.types.is_string(values.type) or pa.types.is_dictionary(values.type)):
-            values = values.cast(pa.string())
-        encoded = values if pa.types.is_dictionary(values.type) else pc.dictionary_encode(values)
-        words = encoded.dictionary
-        if not pa.types.is_string(words.type):
-            words = words.cast(pa.string())
-        empty = np.asarray(pc.equal(pc.utf8_trim_whitespace(words), ""), dtype=bool)
-        long = np.asarray(pc.greater(pc.utf8_length(words), MAX_ID_LENGTH), dtype=bool)
-        codes = encoded.indices.fill_null(-1).to_numpy()
-        bad_words = empty | long
-        if null.any() or bad_words.any():
-            with_null = np.append(bad_words, True)  # code -1 (null) -> last entry
-            problems.add(f"{what} is null or empty", batch, np.append(empty, True)[codes])
-            problems.add(
-                f"{what} is longer than {MAX_ID_LENGTH} characters",
-                batch,
-                np.append(long, False)[codes],
-            )
-            codes = np.where(with_null[codes], -1, codes)
-        lut = self._lookup(words, bad_words)
-        return np.append(lut, 0)[codes]
+            below = (ints <= 0) & ~null
+            found = [(f"{what} is null", null), (f"{what} is not >= 1 (0 means unknown)", below)]
+            return np.where(ints > 0, ints, 0), found
+        if pa.types.is_dictionary(values.type):  # each distinct word once, then per row
+            words, codes = self._strings(values.dictionary)
+            index = values.indices.fill_null(len(words)).to_numpy()
+            internal = np.append(words, 0)[index]
+            if codes is not None or values.null_count:
+                known = np.zeros(len(words), np.uint8) if codes is None else codes
+                codes = np.append(known, _EMPTY)[index]
+        else:
+            internal, codes = self._strings(values)
+        if codes is None:
+            return internal, []
+        return internal, [
+            (f"{what} is null or empty", codes == _EMPTY),
+            (f"{what} is longer than {MAX_ID_LENGTH} characters", codes == _LONG),
+        ]
 
-    def _lookup(self, words: pa.Array, bad: np.ndarray) -> np.ndarray:
-        """Internal ids of distinct ``words`` (0 for the bad ones)."""
-        lut = np.zeros(len(words), np.int64)
-        good = np.flatnonzero(~bad)
-        lut[good] = self.known.ids(words.take(pa.array(good)) if bad.any() else words)
-        return lut
+    def _strings(self, values: pa.Array) -> tuple[np.ndarray, np.ndarray | None]:
+        """Internal ids and problem codes (or None) of a text column, row by row."""
+        if not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)):
+            values = values.cast(pa.string())
+        if values.null_count:  # a null is rejected as the empty string is
+            values = values.fill_null("")
+        return self.known.lookup(values, _check_words)
 
     def mark_seen(self, internal: np.ndarray) -> None:
         """Note the ids met in the interactions (to count the ids met only in a table)."""
@@ -457,8 +471,14 @@ class _Parts:
         if self._writer is None or self.rows >= PART_ROWS:
             self._close()
             path = self.directory / f"part-{self.count:05d}.parquet"
+            # uncompressed: the ids do not compress cheaply, and only Cascade reads these;
+            # timestamps (sorted-ish) delta-encoded, rating and weight (few values) as dictionaries
             self._writer = pq.ParquetWriter(
-                path, self.schema, compression="snappy", use_dictionary=["rating", "weight"]
+                path,
+                self.schema,
+                compression="none",
+                use_dictionary=["rating", "weight"],
+                column_encoding={"timestamp": "DELTA_BINARY_PACKED"},
             )
             self.count, self.rows = self.count + 1, 0
         self._writer.write_table(table, row_group_size=1 << 20)
@@ -479,6 +499,13 @@ class _Parts:
             self._pool.shutdown()
 
 
+def _mapped(side: SideIds, values: pa.Array, batch: Batch, column: str) -> tuple:
+    """One side's internal ids of a batch, marked as met, and its problems."""
+    internal, found = side.find(values, batch, column)
+    side.mark_seen(internal)  # harmless after a problem: the run then fails
+    return internal, found
+
+
 def _interactions(dataset: DatasetFile, ids: dict[str, SideIds], directory: Path) -> dict[str, Any]:
     """Stream, check and write the interactions; their counts."""
     spec = dataset.spec.interactions
@@ -496,24 +523,30 @@ def _interactions(dataset: DatasetFile, ids: dict[str, SideIds], directory: Path
     rows = {str(path): 0 for path in files}
     span = [np.iinfo(np.int64).max, np.iinfo(np.int64).min]
     text = {spec.user: pa.string(), spec.item: pa.string()}
+    # the user ids are mapped by a thread while this one maps the items (numpy and the hash
+    # table release the GIL); problems are noted after, users first, so the error is the same
+    mapper = ThreadPoolExecutor(1, thread_name_prefix="cascade-map")
     try:
-        for batch in read_batches(files, spec.columns, spec.delimiter, text):
+        batches = read_batches(files, spec.columns, spec.delimiter, text, plain=text)
+        for batch in batches:
             data = batch.data
-            users = ids["user"].map(data.column(spec.user), batch, spec.user, problems)
-            items = ids["item"].map(data.column(spec.item), batch, spec.item, problems)
+            user_job = mapper.submit(_mapped, ids["user"], data.column(spec.user), batch, spec.user)
+            items, item_problems = _mapped(ids["item"], data.column(spec.item), batch, spec.item)
             stamps, bad = seconds(data.column(spec.timestamp), spec.timestamp_format)
+            users, user_problems = user_job.result()
+            for what, mask in user_problems + item_problems:
+                problems.add(what, batch, mask)
             what = f"column {spec.timestamp!r}: timestamp is null or cannot be read"
             problems.add(what, batch, bad)
             rating, weight = outcomes.rate(data.column(spec.rule_column), batch, problems)
             rows[str(batch.file)] += data.num_rows
             if problems.found:
                 continue  # only checking from here on, to count the bad rows
-            ids["user"].mark_seen(users)
-            ids["item"].mark_seen(items)
             span = [min(span[0], int(stamps.min())), max(span[1], int(stamps.max()))]
             columns = [users, items, rating, stamps] + ([weight] if weighed else [])
             parts.write(pa.Table.from_arrays([pa.array(c) for c in columns], schema=schema))
     finally:
+        mapper.shutdown()
         parts.close()  # also on an error: the writing thread ends
     problems.raise_first()
     outcomes.check_some_positive(dataset.resolve(spec.path))

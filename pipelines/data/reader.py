@@ -12,7 +12,7 @@ from __future__ import annotations
 import glob
 import queue
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -129,23 +129,29 @@ def read_batches(
     columns: list[str],
     delimiter: str = ",",
     csv_types: Mapping[str, pa.DataType] | None = None,
+    plain: Collection[str] = (),
 ) -> Iterator[Batch]:
     """The rows of ``files`` in order, ``columns`` only (DataError naming the file for a
     missing column or an unreadable file). ``csv_types`` fixes the type of CSV columns whose
     inferred type would lose information (ids with leading zeros, codes that look numeric).
-    Parquet text columns come as dictionary arrays. The next batches are read by a thread
-    while the caller works on this one."""
-    yield from _prefetched(_read(files, columns, delimiter, csv_types or {}))
+    Parquet text columns come as dictionary arrays, except those in ``plain`` (columns of
+    many distinct values, such as ids, where building a dictionary costs more than it
+    saves). The next batches are read by a thread while the caller works on this one."""
+    yield from _prefetched(_read(files, columns, delimiter, csv_types or {}, set(plain)))
 
 
 def _read(
-    files: list[Path], columns: list[str], delimiter: str, csv_types: Mapping[str, pa.DataType]
+    files: list[Path],
+    columns: list[str],
+    delimiter: str,
+    csv_types: Mapping[str, pa.DataType],
+    plain: set[str],
 ) -> Iterator[Batch]:
     for group in _groups(files, columns):
         offsets = dict.fromkeys(map(str, group), 0)
         path = group[0]
         try:
-            for path, data in _group_batches(group, columns, delimiter, csv_types):
+            for path, data in _group_batches(group, columns, delimiter, csv_types, plain):
                 if data.num_rows:
                     yield Batch(path, offsets[str(path)], data)
                     offsets[str(path)] += data.num_rows
@@ -182,7 +188,11 @@ def _groups(files: list[Path], columns: list[str]) -> Iterator[list[Path]]:
 
 
 def _group_batches(
-    group: list[Path], columns: list[str], delimiter: str, types: Mapping[str, pa.DataType]
+    group: list[Path],
+    columns: list[str],
+    delimiter: str,
+    types: Mapping[str, pa.DataType],
+    plain: set[str],
 ) -> Iterator[tuple[Path, pa.RecordBatch]]:
     if file_format(group[0]) != "parquet":
         for data in _batches(group[0], columns, delimiter, types):
@@ -190,7 +200,7 @@ def _group_batches(
         return
     # text columns as dictionaries: parquet stores them so, and ids map per distinct value
     schema = pq.read_schema(group[0])
-    text = [c for c in columns if pa.types.is_string(schema.field(c).type)]
+    text = [c for c in columns if pa.types.is_string(schema.field(c).type) and c not in plain]
     options = ds.ParquetReadOptions(dictionary_columns=text)
     fmt = ds.ParquetFileFormat(read_options=options)
     dataset = ds.dataset([str(p) for p in group], format=fmt)

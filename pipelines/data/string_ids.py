@@ -1,118 +1,205 @@
-"""String ids -> internal ids at scale: 128-bit fingerprints of the strings, computed on the
-arrow buffers in numpy, kept in a persistent open-addressing table, so each batch's distinct
-ids are looked up without Python objects (docs/benchmarks/ingest.md has the alternatives
-measured)."""
+"""String ids -> internal ids at scale, row by row: 128-bit fingerprints of the strings,
+computed on the arrow buffers in numpy, the first 64 bits numbered by pandas' compiled hash
+table (which keeps its table between batches) and the other 64 checked per row, so no Python
+object is made per row and no dictionary is built first (docs/benchmarks/ingest.md has the
+alternatives measured)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
 
+# pandas' khash tables (private module, stable since pandas 1.x; the tests pin its behaviour)
+from pandas._libs.hashtable import UInt64Factorizer
+
 _M1, _M2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xC2B2AE3D27D4EB4F)
 _ALL = np.uint64(0xFFFFFFFFFFFFFFFF)
+_R1, _R3 = np.uint64(29), np.uint64(32)
+
+Check = Callable[[pa.Array], np.ndarray]
+"""Given new distinct words, a code per word: 0 numbers it, any other value rejects it (id 0)."""
 
 
-def _mix(h: np.ndarray) -> np.ndarray:
-    h ^= h >> np.uint64(31)
-    h *= _M2
-    h ^= h >> np.uint64(29)
-    return h
+def _step(h1: np.ndarray, h2: np.ndarray, word: np.ndarray, scratch: np.ndarray) -> None:
+    """Fold one 8-byte word into both hashes, in place: ``h1`` xor-multiply-xorshift, ``h2``
+    a polynomial of the words (cheap; it only has to tell apart the rare strings that share
+    ``h1``)."""
+    h1 ^= word
+    h1 *= _M1
+    h1 ^= np.right_shift(h1, _R1, out=scratch)
+    h2 *= _M2
+    h2 += word
+
+
+def _finish(h1: np.ndarray, scratch: np.ndarray) -> np.ndarray:
+    """Spread every bit of ``h1`` over the low bits the hash table indexes with."""
+    h1 ^= np.right_shift(h1, _R3, out=scratch)
+    h1 *= _M2
+    h1 ^= np.right_shift(h1, _R1, out=scratch)
+    return h1
+
+
+def _fixed(data: np.ndarray, n: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """Fingerprints of ``n`` strings of ``width`` bytes each, stored back to back in ``data``."""
+    words = -(-width // 8)
+    if width == 8 * words:
+        matrix = data.view("<u8").reshape(n, words)
+    else:  # zero-padded to whole words, as the variable-width path pads them
+        padded = np.zeros((n, 8 * words), np.uint8)
+        padded[:, :width] = data.reshape(n, width)
+        matrix = padded.view("<u8")
+    h1 = np.full(n, np.uint64(width) * _M1, np.uint64)
+    h2 = np.full(n, np.uint64(width) * _M2, np.uint64)
+    scratch = np.empty(n, np.uint64)
+    for k in range(words):
+        _step(h1, h2, matrix[:, k], scratch)
+    return _finish(h1, scratch), h2
+
+
+def _variable(data: np.ndarray, start: np.ndarray, length: np.ndarray) -> tuple:
+    """Fingerprints of strings of varying lengths: 8 bytes at a time, the last word of each
+    string masked to its own bytes (zero padding, as in ``_fixed``)."""
+    raw = np.zeros(len(data) + 8, np.uint8)
+    raw[: len(data)] = data
+    window = np.ndarray((len(raw) - 7,), dtype="<u8", buffer=raw, strides=(1,))  # unaligned
+    size = length.astype(np.uint64)
+    h1, h2, scratch = size * _M1, size * _M2, np.empty(len(length), np.uint64)
+    shortest = int(length.min(initial=0))
+    for k in range(0, int(length.max(initial=0)), 8):
+        if k + 8 <= shortest:  # every string has 8 bytes here: no masking
+            _step(h1, h2, window[start + k], scratch)
+            continue
+        live = np.flatnonzero(length > k)  # strings with bytes left at offset k
+        chunk = window[start[live] + k]
+        left = np.minimum(length[live] - k, 8).astype(np.uint64)
+        chunk &= np.where(left >= 8, _ALL, (np.uint64(1) << (left * np.uint64(8))) - 1)
+        one, two = h1[live], h2[live]
+        _step(one, two, chunk, scratch[: len(live)])
+        h1[live], h2[live] = one, two
+    return _finish(h1, scratch), h2
 
 
 def fingerprints(words: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """Two independent 64-bit hashes of each string of ``words`` (no nulls), computed on the
-    arrow buffers 8 bytes at a time: 128 bits that tell distinct ids apart."""
+    """Two 64-bit hashes of each string of ``words`` (string or large_string; a null counts
+    as its bytes, normally empty), computed on the arrow buffers 8 bytes at a time: 128 bits
+    that tell distinct ids apart. Strings of one width (common for ids) skip the masking."""
     wide = pa.types.is_large_string(words.type)
     offsets = np.frombuffer(words.buffers()[1], np.int64 if wide else np.int32)
     offsets = offsets[words.offset : words.offset + len(words) + 1].astype(np.int64)
-    data = words.buffers()[2]
-    raw = np.zeros((data.size if data is not None else 0) + 8, np.uint8)
-    if data is not None:
-        raw[: data.size] = np.frombuffer(data, np.uint8)
-    window = np.ndarray((len(raw) - 7,), dtype="<u8", buffer=raw, strides=(1,))  # unaligned
-    start, length = offsets[:-1], np.diff(offsets)
+    buffer = words.buffers()[2]
+    data = np.frombuffer(buffer, np.uint8) if buffer is not None else np.zeros(0, np.uint8)
+    data = data[offsets[0] : offsets[-1]] if len(words) else data[:0]
+    n, length = len(words), np.diff(offsets)
     with np.errstate(over="ignore"):
-        h1 = _mix(length.astype(np.uint64) * _M1)
-        h2 = _mix(~h1 ^ _M2)
-        shortest = int(length.min(initial=0))
-        for k in range(0, int(length.max(initial=0)), 8):
-            if k + 8 <= shortest:  # every word has 8 bytes here: no masking
-                chunk = window[start + k]
-                h1 = _mix(h1 ^ chunk) * _M1
-                h2 = _mix((h2 + chunk) * _M2) ^ (h2 >> np.uint64(17))
-                continue
-            live = np.flatnonzero(length > k)  # words with bytes left at offset k
-            chunk = window[start[live] + k]
-            left = np.minimum(length[live] - k, 8).astype(np.uint64)
-            chunk &= np.where(left >= 8, _ALL, (np.uint64(1) << (left * np.uint64(8))) - 1)
-            h1[live] = _mix(h1[live] ^ chunk) * _M1
-            h2[live] = _mix((h2[live] + chunk) * _M2) ^ (h2[live] >> np.uint64(17))
-        h1 = _mix(h1)
-    h1[h1 == 0] = 1  # 0 marks an empty slot
-    return h1, h2
+        width = int(length[0]) if n else 0
+        if n and len(data) == n * width and bool((length == width).all()):
+            return _fixed(data, n, width)
+        return _variable(data, offsets[:-1] - offsets[0], length)
+
+
+def _grown(values: np.ndarray, size: int) -> np.ndarray:
+    if size <= len(values):
+        return values
+    bigger = np.zeros(max(size, 2 * len(values)), values.dtype)
+    bigger[: len(values)] = values
+    return bigger
 
 
 class StringIds:
-    """String ids -> internal ids 1..N in first-seen order: the strings' fingerprints in an
-    open-addressing hash table of numpy arrays, so a batch's distinct ids are looked up and
-    added vectorised, without rebuilding anything per batch. A slot is one row of
-    ``(fingerprint 1, fingerprint 2, id)``, so a probe touches one cache line."""
+    """String ids -> internal ids 1..N in first-seen order, row by row (repeats allowed).
+
+    A string's first 64 fingerprint bits get a label from pandas' persistent hash table (in
+    first-seen order); per label, the other 64 bits, the internal id and the check's code are
+    kept in numpy arrays, so a batch costs a hash pass, one table pass and a few gathers. A
+    string whose first 64 bits another string already holds (about one pair in 2^64) is
+    caught by the other 64 and numbered through a small dict instead.
+    """
 
     def __init__(self) -> None:
-        self._slots = np.zeros((1 << 12, 3), np.uint64)  # fingerprint 1 = 0: empty
+        self._labels = UInt64Factorizer(1 << 16)
+        self._h2 = np.zeros(1 << 12, np.uint64)  # per label: the second fingerprint
+        self._ids = np.zeros(1 << 12, np.int64)  # per label: the internal id (0: rejected)
+        self._codes = np.zeros(1 << 12, np.uint8)  # per label: the check's code
+        self._clashes: dict[tuple[int, int], tuple[int, int]] = {}  # (h1, h2) -> (id, code)
+        self._plain = True  # internal id = label + 1 (no string rejected or clashed yet)
         self.count = 0
         self._words: list[pa.Array] = []
 
     def ids(self, words: pa.Array) -> np.ndarray:
-        """The internal ids of ``words`` (distinct, as a dictionary's are); those not met
-        before are numbered on, in their order."""
+        """The internal ids of ``words``; strings not met before are numbered on, in their
+        order."""
+        return self.lookup(words)[0]
+
+    def lookup(self, words: pa.Array, check: Check | None = None) -> tuple:
+        """(internal ids, codes or None) of ``words``, one per row. ``check`` sees each new
+        distinct string once; those it gives a code are not numbered (id 0), and their rows
+        get that code here, every time they come back (codes is None when no row has one)."""
         h1, h2 = fingerprints(words)
-        out = self._find(h1, h2)
-        new = np.flatnonzero(out == 0)
-        if new.size:
-            out[new] = self.count + 1 + np.arange(new.size)
-            self._grow(new.size)
-            self._place(h1[new], h2[new], out[new].astype(np.uint64))
-            self.count += new.size
-            self._words.append(words.take(pa.array(new)))
-        return out
+        before = self._labels.count
+        labels = self._labels.factorize(h1)
+        if self._labels.count > before:
+            self._number(words, labels, before, h2, check)
+        # while every label has its own id, the id is the label + 1: no gather needed
+        ids = labels + 1 if self._plain else self._ids[labels]
+        clash_codes, clash = None, self._h2[labels] != h2
+        if clash.any():
+            clash = np.flatnonzero(clash)
+            clash_codes = self._clash(words, h1, h2, clash, ids, check)
+        if self._plain or not (ids == 0).any():
+            return ids, None
+        codes = self._codes[labels]
+        if clash_codes is not None:
+            codes[clash] = clash_codes
+        return ids, codes
 
     def words(self) -> list[str]:
         """Every id, in internal id order."""
         return [w for chunk in self._words for w in chunk.to_pylist()]
 
-    def _find(self, h1: np.ndarray, h2: np.ndarray) -> np.ndarray:
-        mask = np.uint64(len(self._slots) - 1)
-        slot, out = h1 & mask, np.zeros(len(h1), np.int64)
-        pending = np.arange(len(h1))
-        while pending.size:
-            rows = np.take(self._slots, slot[pending], axis=0)
-            hit = (rows[:, 0] == h1[pending]) & (rows[:, 1] == h2[pending])
-            out[pending[hit]] = rows[hit, 2]
-            pending = pending[~hit & (rows[:, 0] != 0)]  # linear probing
-            slot[pending] = (slot[pending] + np.uint64(1)) & mask
-        return out
+    def _number(
+        self, words: pa.Array, labels: np.ndarray, before: int, h2: np.ndarray, check: Check | None
+    ) -> None:
+        """Record the labels new in this batch, numbering the strings the check accepts."""
+        after = self._labels.count
+        rows = np.flatnonzero(labels >= before)[::-1]
+        first = np.empty(after - before, np.int64)
+        first[labels[rows] - before] = rows  # reversed: each label's first row writes last
+        new = words.take(pa.array(first))
+        codes = np.zeros(len(new), np.uint8) if check is None else check(new).astype(np.uint8)
+        good = codes == 0
+        numbered = np.where(good, self.count + np.cumsum(good), 0)
+        self._h2, self._ids = _grown(self._h2, after), _grown(self._ids, after)
+        self._codes = _grown(self._codes, after)
+        self._h2[before:after] = h2[first]
+        self._ids[before:after] = numbered
+        self._codes[before:after] = codes
+        self._words.append(new.filter(pa.array(good)) if not good.all() else new)
+        self.count += int(good.sum())
+        self._plain = self._plain and bool(good.all())
 
-    def _place(self, h1: np.ndarray, h2: np.ndarray, values: np.ndarray) -> None:
-        mask = np.uint64(len(self._slots) - 1)
-        slot, pending = h1 & mask, np.arange(len(h1))
-        while pending.size:
-            at = slot[pending]
-            free = self._slots[at, 0] == 0
-            claim, where = pending[free], at[free]
-            # several may claim one free slot: the last write wins, the others probe on
-            self._slots[where] = np.stack([h1[claim], h2[claim], values[claim]], axis=1)
-            won = np.zeros(len(pending), bool)
-            won[free] = self._slots[where, 2] == values[claim]
-            pending = pending[~won]
-            slot[pending] = (slot[pending] + np.uint64(1)) & mask
-
-    def _grow(self, more: int) -> None:
-        """Keep the table at most half full."""
-        size = len(self._slots)
-        while (self.count + more) * 2 > size:
-            size *= 2
-        if size != len(self._slots):
-            old = self._slots[self._slots[:, 0] != 0]
-            self._slots = np.zeros((size, 3), np.uint64)
-            self._place(old[:, 0], old[:, 1], old[:, 2])
+    def _clash(
+        self,
+        words: pa.Array,
+        h1: np.ndarray,
+        h2: np.ndarray,
+        rows: np.ndarray,
+        ids: np.ndarray,
+        check: Check | None,
+    ) -> np.ndarray:
+        """Ids (into ``ids``) and codes of the ``rows`` whose string shares its first 64 bits
+        with another string: numbered by the full 128 bits, in row order."""
+        codes = np.zeros(len(rows), np.uint8)
+        for i, row in enumerate(rows.tolist()):
+            key = (int(h1[row]), int(h2[row]))
+            if key not in self._clashes:
+                word = words.slice(row, 1)
+                code = 0 if check is None else int(check(word)[0])
+                self._clashes[key] = (0 if code else self.count + 1, code)
+                if not code:
+                    self._words.append(word)
+                    self.count += 1
+                self._plain = False  # ids no longer follow the labels
+            ids[row], codes[i] = self._clashes[key]
+        return codes

@@ -370,3 +370,14 @@ def test_output_layout(tmp_path: Path) -> None:
         "users.parquet",
     ]
     assert [p.name for p in (out / "interactions").iterdir()] == ["part-00000.parquet"]
+
+
+def test_user_problems_come_first_though_the_sides_map_in_two_threads(tmp_path: Path) -> None:
+    rows = [{**EVENTS[0], "sku": ""}, *EVENTS, {**EVENTS[1], "customer_id": ""}]
+    write_rows(tmp_path / "e.parquet", rows)
+    message = failure(tmp_path)
+    assert "column 'customer_id': user id is null or empty (1 row in all; first at row 5" in message
+    rows = [*EVENTS, {**EVENTS[1], "sku": "y" * (MAX_ID_LENGTH + 1)}, {**EVENTS[0], "sku": " "}]
+    write_rows(tmp_path / "e.parquet", rows)
+    message = failure(tmp_path)  # the first kind of problem met in the batch: the empty one
+    assert "column 'sku': item id is null or empty (1 row in all; first at row 5" in message
