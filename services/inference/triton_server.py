@@ -10,6 +10,11 @@ model-control API (and the other APIs that change the server) behind a key, dies
 process that launched it, refuses to start on a taken port, is verified to be the process
 answering its ports, is restarted (bounded, with backoff) when it dies under a running
 gateway, and writes a size-rotated log.
+
+A restart launches the server empty, so that the versions its gateway needs (production and
+canary, loaded by the reconcile loop in one call) start their python stubs together instead
+of one after the other; what nobody loaded within ``restart_load_grace_s`` it loads itself
+(the repository's default, as at the first start).
 """
 
 from __future__ import annotations
@@ -104,6 +109,7 @@ class TritonServer:
         log_backups: int = 3,
         max_restarts: int = 5,
         restart_backoff_s: float = 1.0,
+        restart_load_grace_s: float = 5.0,
     ) -> None:
         self.model_repository = model_repository
         self.env = env or {}  # on top of this process's environment (CASCADE_* for the models)
@@ -115,6 +121,7 @@ class TritonServer:
         self._control_key = control_key or secrets.token_urlsafe(32)
         self.max_restarts = max_restarts
         self.restart_backoff_s = restart_backoff_s
+        self.restart_load_grace_s = restart_load_grace_s
         self.process: subprocess.Popen[bytes] | None = None
         self.restarts = 0  # restarts after an unexpected exit, over this object's life
         self._launches = 0
@@ -149,7 +156,8 @@ class TritonServer:
         """Name prefix of the python backend's shared-memory regions of one launch."""
         return f"cascade_triton_{os.getpid()}_{id(self):x}_{launch}_"
 
-    def command(self, directory: Path, launch: int = 0) -> list[str]:
+    def command(self, directory: Path, launch: int = 0, load_models: bool = True) -> list[str]:
+        """The ``tritonserver`` command line; ``load_models=False``: start with no model."""
         restricted = f"{RESTRICTED_APIS}:{CONTROL_KEY_HEADER}={self._control_key}"
         return [
             str(directory / "bin" / "tritonserver"),
@@ -160,7 +168,9 @@ class TritonServer:
             "--cuda-memory-pool-byte-size=0:0",
             "--allow-gpu-metrics=false",
             "--model-control-mode=explicit",
-            *[f"--load-model={m}" for m in self.models],
+            # every config is complete: no python-backend stub per load just to complete it
+            "--disable-auto-complete-config",
+            *[f"--load-model={m}" for m in (self.models if load_models else ())],
             f"--http-address={self.address}",
             f"--grpc-address={self.address}",
             f"--metrics-address={self.address}",
@@ -232,8 +242,8 @@ class TritonServer:
             try:
                 if outcome:  # a restart: the ports must be free again
                     self.check_ports()
-                process = self._launch(directory, timeout_s)
-                up_since = time.monotonic()
+                launched = self._launch(directory, timeout_s, load_models=not outcome)
+                process, up_since = launched, time.monotonic()
             except BaseException as error:
                 if not outcome:
                     outcome.append(error)
@@ -245,8 +255,8 @@ class TritonServer:
                 if not outcome:
                     outcome.append(None)
                     started.set()
-                elif self._loaded:
-                    self._replay_loads()
+                else:
+                    self._after_restart(launched)
             if process is not None:
                 code = self._wait_and_clean(process)
                 if self._stopping.is_set():
@@ -275,7 +285,9 @@ class TritonServer:
             if self._stopping.wait(delay):
                 return
 
-    def _launch(self, directory: Path, timeout_s: float) -> subprocess.Popen[bytes]:
+    def _launch(
+        self, directory: Path, timeout_s: float, load_models: bool = True
+    ) -> subprocess.Popen[bytes]:
         with self._lock:
             if self._stopping.is_set():
                 raise TritonUnavailable("stopped while starting")
@@ -287,7 +299,7 @@ class TritonServer:
                 output = subprocess.DEVNULL
             try:
                 process = subprocess.Popen(
-                    self.command(directory, self._launches),
+                    self.command(directory, self._launches, load_models),
                     env=self.environment(),
                     stdin=subprocess.DEVNULL,
                     stdout=output,
@@ -417,6 +429,44 @@ class TritonServer:
             raise TritonUnavailable(
                 f"loading {model} failed: {error.read().decode(errors='replace')}"
             ) from None
+
+    def _after_restart(self, process: subprocess.Popen[bytes]) -> None:
+        """The server restarted empty: replay this object's ``load()`` calls, then give the
+        gateway's reconcile loop ``restart_load_grace_s`` to load what it needs, and load the
+        repository default of every model nobody has loaded or is loading by then."""
+        self._replay_loads()
+        if self._stopping.wait(self.restart_load_grace_s) or process.poll() is not None:
+            return
+        try:
+            claimed = self.claimed_models()
+        except (OSError, ValueError) as error:
+            log.error("tritonserver restarted but its models cannot be listed: %s", error)
+            return
+        for model in self.models:
+            if model in claimed:
+                continue
+            log.warning(
+                "tritonserver restarted and nothing loaded %s within %.0f s: loading the "
+                "repository's default",
+                model,
+                self.restart_load_grace_s,
+            )
+            try:
+                self._post_load(model, None)
+            except (TritonUnavailable, OSError) as error:
+                log.error("loading %s after a restart failed: %s", model, error)
+
+    def claimed_models(self) -> set[str]:
+        """Models with a version READY or LOADING (from the repository index)."""
+        request = urllib.request.Request(
+            f"http://{self.http_url}/v2/repository/index",
+            data=b"{}",
+            method="POST",
+            headers={"Content-Type": "application/json", CONTROL_KEY_HEADER: self._control_key},
+        )
+        with urllib.request.urlopen(request, timeout=5) as response:
+            entries = json.loads(response.read())
+        return {e["name"] for e in entries if e.get("state") in ("READY", "LOADING")}
 
     def _replay_loads(self) -> None:
         for model, config in self._loaded.items():
