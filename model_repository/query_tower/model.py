@@ -5,8 +5,11 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from services.inference.models import QueryTowerModel
-from services.inference.triton_python import input_array, output_tensor
+from services.inference.triton_python import input_array, keep_imports_lean, output_tensor
+
+keep_imports_lean()  # before the models' module imports LightGBM
+
+from services.inference.models import QueryTowerModel  # noqa: E402
 
 
 class TritonPythonModel:

@@ -8,10 +8,13 @@ from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 
-from services.embedding_cache.triton_metrics import TritonMetricsMirror
-from services.inference.models import RankingModel
-from services.inference.ranker_batch import score_requests
-from services.inference.triton_python import ranker_inputs, ranker_response
+from services.inference.triton_python import keep_imports_lean, ranker_inputs, ranker_response
+
+keep_imports_lean()  # before the models' modules import LightGBM
+
+from services.embedding_cache.triton_metrics import TritonMetricsMirror  # noqa: E402
+from services.inference.models import RankingModel  # noqa: E402
+from services.inference.ranker_batch import score_requests  # noqa: E402
 
 
 class TritonPythonModel:

@@ -8,16 +8,29 @@ capsule destructor then fails (``PyCapsule_GetPointer called with incorrect name
 as a traceback into the server log for every output tensor of every request); torch's
 destructor leaves a capsule renamed by its consumer alone, as the DLPack protocol says.
 The stub frees the tensor through the DLPack deleter either way.
+
+Every load of a model version starts a stub, which imports what ``model.py`` imports before
+the version serves: ``keep_imports_lean()`` keeps that to what a stub uses.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
 import torch  # at model load, not in the first request (it takes about a second)
 
 from services.inference.ranker_batch import Outcome, RankerInputs
+
+
+def keep_imports_lean() -> None:
+    """Keep LightGBM from importing scikit-learn (and with it SciPy's statistics) in this
+    process: a stub scores with ``lightgbm.Booster`` alone, and LightGBM imports scikit-learn
+    only for its estimator API (it checks with ``try: import``). Call it in a stub's
+    ``model.py`` before anything imports LightGBM; never in a process that may use sklearn."""
+    if "lightgbm" not in sys.modules:
+        sys.modules.setdefault("sklearn", None)  # type: ignore[arg-type]  # "not installed"
 
 
 def output_tensor(tensor_type: Any, name: str, array: np.ndarray) -> Any:
