@@ -20,7 +20,7 @@ The follower runs at its default interval (1 s). Progress goes to stdout; the la
 one JSON object (also bench/results/fleet.json), with the 2-replica figures as ratios to the
 1-replica ones of the same run.
 
-    python bench/fleet.py [--replicas 1 2] [--quick]
+    python bench/fleet.py [--replicas 1 2] [--quick | --convergence-only]
 """
 
 from __future__ import annotations
@@ -202,30 +202,37 @@ def run_fleet(count: int, root: Path, directory: Path, users: list[int], args: A
     started = time.monotonic()
     with fleet(root, directory / f"fleet-{count}", count, CASCADE_FOLLOW__INTERVAL_S="1") as stack:
         log(f"  ready after {time.monotonic() - started:.1f} s")
-        groups = replica_groups(stack)
-
-        def probe(rate: float, seconds: float | None = None) -> Probe:
-            return asyncio.run(fleet_probe(stack, groups, users, rate, seconds or args.probe_s))
-
-        probe(min(args.cpu_rate, 10.0), 3.0)  # warm-up: lazy imports, connections
-        idle = idle_cpu_ms_per_s(groups, args.idle_s)
-        at_rate = probe(args.cpu_rate, args.cpu_s)
-        total = at_rate.cpu_ms_per_request["servers_total"]
-        net = round(total - idle / args.cpu_rate, 3)
-        log(
-            f"  idle: {idle} CPU-ms per second (all replicas: followers, Tritons, Redis); at "
-            f"{args.cpu_rate:g} req/s: p99 {at_rate.p99_ms} ms, degraded {at_rate.degraded}/"
-            f"{at_rate.sent}, CPU-ms per request {at_rate.cpu_ms_per_request}, {net} net of idle"
-        )
-        log(f"  searching the highest rate with p99 <= {args.slo_ms:g} ms")
-        rate, probes = search_rate(
-            probe, args.slo_ms, args.start_rate, args.step, args.bisections, args.search_s, log
-        )
-        log(f"  {rate} req/s within the SLO")
+        result: dict[str, Any] = {"replicas": count}
+        if not args.convergence_only:
+            result |= serving(stack, users, args)
         log("  convergence:")
-        timings = convergence(stack)
+        result["convergence"] = convergence(stack)
+    return result
+
+
+def serving(stack: Fleet, users: list[int], args: Any) -> dict[str, Any]:
+    """CPU per request at one rate, idle CPU, and the highest rate within the SLO."""
+    groups = replica_groups(stack)
+
+    def probe(rate: float, seconds: float | None = None) -> Probe:
+        return asyncio.run(fleet_probe(stack, groups, users, rate, seconds or args.probe_s))
+
+    probe(min(args.cpu_rate, 10.0), 3.0)  # warm-up: lazy imports, connections
+    idle = idle_cpu_ms_per_s(groups, args.idle_s)
+    at_rate = probe(args.cpu_rate, args.cpu_s)
+    total = at_rate.cpu_ms_per_request["servers_total"]
+    net = round(total - idle / args.cpu_rate, 3)
+    log(
+        f"  idle: {idle} CPU-ms per second (all replicas: followers, Tritons, Redis); at "
+        f"{args.cpu_rate:g} req/s: p99 {at_rate.p99_ms} ms, degraded {at_rate.degraded}/"
+        f"{at_rate.sent}, CPU-ms per request {at_rate.cpu_ms_per_request}, {net} net of idle"
+    )
+    log(f"  searching the highest rate with p99 <= {args.slo_ms:g} ms")
+    rate, probes = search_rate(
+        probe, args.slo_ms, args.start_rate, args.step, args.bisections, args.search_s, log
+    )
+    log(f"  {rate} req/s within the SLO")
     return {
-        "replicas": count,
         "slo_rate_rps": rate,
         "cpu_rate_rps": args.cpu_rate,
         "cpu_ms_per_request": at_rate.cpu_ms_per_request,
@@ -233,7 +240,27 @@ def run_fleet(count: int, root: Path, directory: Path, users: list[int], args: A
         "cpu_ms_per_request_net_of_idle": net,
         "at_cpu_rate": asdict(at_rate),
         "probes": [asdict(p) for p in probes],
-        "convergence": timings,
+    }
+
+
+def serving_ratios(runs: dict[int, dict]) -> dict[str, dict[str, float | None]]:
+    """Each replica count's CPU per request and SLO rate as ratios to the fewest replicas'."""
+    base = runs[min(runs)]
+    return {
+        str(n): {
+            "cpu_ms_per_request": round(
+                r["cpu_ms_per_request"]["servers_total"]
+                / base["cpu_ms_per_request"]["servers_total"],
+                3,
+            ),
+            "cpu_ms_per_request_net_of_idle": round(
+                r["cpu_ms_per_request_net_of_idle"] / base["cpu_ms_per_request_net_of_idle"], 3
+            ),
+            "slo_rate_rps": round(r["slo_rate_rps"] / base["slo_rate_rps"], 3)
+            if base["slo_rate_rps"]
+            else None,
+        }
+        for n, r in runs.items()
     }
 
 
@@ -252,6 +279,11 @@ def main() -> None:
     parser.add_argument("--probe-s", type=float, default=6.0, help="seconds per search probe")
     parser.add_argument("--search-s", type=float, default=120.0, help="time budget per search")
     parser.add_argument("--quick", action="store_true", help="3 s probes, 40 s per search")
+    parser.add_argument(
+        "--convergence-only",
+        action="store_true",
+        help="only the convergence timings (no load probes): a few minutes",
+    )
     args = parser.parse_args()
     if args.quick:
         args.probe_s, args.cpu_s, args.search_s, args.bisections = 3.0, 6.0, 40.0, 1
@@ -274,43 +306,15 @@ def main() -> None:
         runs = {n: run_fleet(n, root, directory, users, args) for n in args.replicas}
     finally:
         shutil.rmtree(directory, ignore_errors=True)
-    base = runs[min(runs)]
-    ratios = {
-        n: {
-            "cpu_ms_per_request": round(
-                r["cpu_ms_per_request"]["servers_total"]
-                / base["cpu_ms_per_request"]["servers_total"],
-                3,
-            ),
-            "cpu_ms_per_request_net_of_idle": round(
-                r["cpu_ms_per_request_net_of_idle"] / base["cpu_ms_per_request_net_of_idle"], 3
-            ),
-            "slo_rate_rps": round(r["slo_rate_rps"] / base["slo_rate_rps"], 3)
-            if base["slo_rate_rps"]
-            else None,
-        }
-        for n, r in runs.items()
-    }
-    record = {
+    record: dict[str, Any] = {
         "benchmark": "fleet",
-        "slo_ms": args.slo_ms,
         "cores": len(os.sched_getaffinity(0)),
+        "load_average": os.getloadavg(),
         "runs": {str(n): r for n, r in runs.items()},
-        "ratios_to_fewest_replicas": {str(n): v for n, v in ratios.items()},
     }
-    line = {
+    line: dict[str, Any] = {
         "benchmark": "fleet",
-        "slo_ms": args.slo_ms,
-        "slo_rate_rps": {str(n): r["slo_rate_rps"] for n, r in runs.items()},
-        "cpu_ms_per_request": {
-            str(n): r["cpu_ms_per_request"]["servers_total"] for n, r in runs.items()
-        },
-        "cpu_ms_per_request_net_of_idle": {
-            str(n): r["cpu_ms_per_request_net_of_idle"] for n, r in runs.items()
-        },
-        "idle_cpu_ms_per_s": {str(n): r["idle_cpu_ms_per_s"] for n, r in runs.items()},
-        "cpu_rate_rps": args.cpu_rate,
-        "ratios_to_fewest_replicas": {str(n): v for n, v in ratios.items()},
+        "load_average_1m": round(os.getloadavg()[0], 2),
         "convergence_s": {
             str(n): {
                 "rollout_step_max": r["convergence"]["rollout_step_max_s"],
@@ -324,6 +328,22 @@ def main() -> None:
             for n, r in runs.items()
         },
     }
+    if not args.convergence_only:
+        ratios = serving_ratios(runs)
+        record |= {"slo_ms": args.slo_ms, "ratios_to_fewest_replicas": ratios}
+        line |= {
+            "slo_ms": args.slo_ms,
+            "slo_rate_rps": {str(n): r["slo_rate_rps"] for n, r in runs.items()},
+            "cpu_ms_per_request": {
+                str(n): r["cpu_ms_per_request"]["servers_total"] for n, r in runs.items()
+            },
+            "cpu_ms_per_request_net_of_idle": {
+                str(n): r["cpu_ms_per_request_net_of_idle"] for n, r in runs.items()
+            },
+            "idle_cpu_ms_per_s": {str(n): r["idle_cpu_ms_per_s"] for n, r in runs.items()},
+            "cpu_rate_rps": args.cpu_rate,
+            "ratios_to_fewest_replicas": ratios,
+        }
     publish("fleet", record, line)
 
 
