@@ -117,7 +117,8 @@ class SideIds:
         self.known = StringIds()
         self._seen: list[np.ndarray] = []  # integer ids met so far (merged now and then)
         self._table = np.zeros(0, np.int64)  # integer ids of the user or item table
-        self._bits = np.zeros(1, bool)  # string ids met: _bits[internal id]
+        self._bits = np.zeros(1, bool)  # string ids of the table met: _bits[internal id]
+        self._table_count = 0  # string ids numbered by the user or item table
 
     def map(self, values: pa.Array, batch: Batch, column: str, problems: Problems) -> np.ndarray:
         """The internal ids of ``values`` (0 where an id is bad; the bad rows are noted)."""
@@ -174,6 +175,8 @@ class SideIds:
             if len(self._seen) > 16:
                 self._seen = [pd.unique(np.concatenate(self._seen))]
             return
+        if not self._table_count:  # every string id was numbered here: all of them met
+            return
         if len(self._bits) <= self.known.count:
             self._bits = np.concatenate([self._bits, np.zeros(self.known.count + 1, bool)])
         self._bits[internal] = True
@@ -182,11 +185,14 @@ class SideIds:
         """Note the ids of the user or item table (the integer map has no other record)."""
         if self.kind == "int":
             self._table = np.unique(internal[internal > 0])
+        self._table_count = self.known.count  # string ids past this one come from the rows
 
     def seen_ids(self) -> np.ndarray:
         """The internal ids met in the interactions, ascending."""
         if self.kind == "str":
-            return np.flatnonzero(self._bits[1:]).astype(np.int64) + 1
+            table = self._table_count
+            marked = np.flatnonzero(self._bits[1 : table + 1]).astype(np.int64) + 1
+            return np.concatenate([marked, np.arange(table + 1, self.known.count + 1)])
         return np.unique(np.concatenate([np.zeros(0, np.int64), *self._seen]))
 
     def internal_ids(self) -> np.ndarray:
@@ -284,6 +290,7 @@ class _Outcomes:
 
     def rate(self, values: pa.Array, batch: Batch, problems: Problems) -> tuple:
         """(rating, weight or None) for each row."""
+        rows: np.ndarray | None = None
         if (event := self.spec.event) is not None:
             encoded = (
                 values if pa.types.is_dictionary(values.type) else pc.dictionary_encode(values)
@@ -298,7 +305,9 @@ class _Outcomes:
                 for w in words
             ]
             codes = encoded.indices.fill_null(len(words)).to_numpy()
-            rating = np.asarray([*lut, NEGATIVE], np.float32)[codes]
+            classes = np.asarray([*lut, NEGATIVE], np.float32)
+            rating = classes[codes]
+            rows = np.bincount(codes, minlength=len(classes))  # rows per value, one pass
             weight = None
             if weights:
                 weight = np.asarray([weights.get(w, 1.0) for w in words] + [1.0], np.float32)
@@ -316,8 +325,12 @@ class _Outcomes:
                 rating[numbers >= rule.neutral_at] = RETRIEVAL_ONLY
             rating[numbers >= rule.positive_at] = POSITIVE
             weight = None
+            classes = rating  # rows is None: counted row by row below
         for key, value in (("5", POSITIVE), ("3", RETRIEVAL_ONLY), ("1", NEGATIVE)):
-            self.counts[key] += int((rating == value).sum())
+            if rows is None:
+                self.counts[key] += int((rating == value).sum())
+            else:
+                self.counts[key] += int(rows[classes == value].sum())
         return rating, weight
 
     def _remember(self, values: list[Any]) -> None:
