@@ -1,9 +1,8 @@
 """The MovieLens-100K pipeline end to end through the CLI: the README's main job, shortened.
 
 The README's command trains with the defaults (about 3 minutes on 2 cores, most of it the
-two-tower's 20-30 epochs); here the same command with fewer epochs and rounds (about 1
-minute), which must already beat popularity widely. The defaults' figures:
-docs/benchmarks/cascade_train.md.
+two-tower's 20-30 epochs); here the same command with a few epochs and rounds, which must
+already beat popularity widely. The defaults' figures: docs/benchmarks/cascade_train.md.
 """
 
 from __future__ import annotations
@@ -17,8 +16,8 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-SHORTENED = ["--two-tower-epochs", "6", "--bpr-epochs", "10", "--dlrm-epochs", "3"]
-SHORTENED += ["--gbm-rounds", "100"]
+SHORTENED = ["--two-tower-epochs", "3", "--bpr-epochs", "5", "--dlrm-epochs", "2"]
+SHORTENED += ["--gbm-rounds", "50"]
 
 
 def test_movielens_pipeline_beats_popularity_on_every_metric(tmp_path: Path) -> None:
