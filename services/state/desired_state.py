@@ -6,12 +6,16 @@ Written only by the rollout controller (and the manual ``cascade rollback`` / ``
 read by every gateway every second or so. It lives in Redis (``{ns}:rollout:desired``) so
 that all replicas see one state; the embedded stack without Redis keeps it in a JSON file
 beside the artifacts. Writes are compare-and-set on the revision, so two writers can never
-overwrite each other's change unseen.
+overwrite each other's change unseen. A write to Redis is also published (channel
+``{ns}:rollout:desired:changed``), so that a follower waiting between its ticks
+(``wait_for_change``) applies it at once; the poll stays, for a missed message.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import os
 import time
 from abc import ABC, abstractmethod
@@ -23,9 +27,12 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 from core.errors import CascadeError
 from services.util.redis_client import LazyRedis
 
+log = logging.getLogger(__name__)
+
 KEY = "rollout:desired"
 
-# Sets KEYS[1] to ARGV[1] only when its revision is ARGV[2] (0: the key must not exist).
+# Sets KEYS[1] to ARGV[1] only when its revision is ARGV[2] (0: the key must not exist),
+# and publishes ARGV[1] on channel ARGV[3].
 _COMPARE_AND_SET = """
 local current = redis.call('GET', KEYS[1])
 local expected = tonumber(ARGV[2])
@@ -35,6 +42,7 @@ elseif expected ~= 0 then
   return 0
 end
 redis.call('SET', KEYS[1], ARGV[1])
+redis.call('PUBLISH', ARGV[3], ARGV[1])
 return 1
 """
 
@@ -114,6 +122,15 @@ class DesiredStateStore(ABC):
     def remove_report(self, replica: str) -> None:
         """A stopping replica withdraws its report (it is no longer live)."""
 
+    async def wait_for_change(self, timeout_s: float) -> None:
+        """Return when a write of the desired state is announced, or after ``timeout_s``
+        (what a follower waits on between ticks). Without announcements: the timeout."""
+        await asyncio.sleep(timeout_s)
+
+    async def stop_watching(self) -> None:
+        """Close what ``wait_for_change`` opened (in the event loop that waited)."""
+        return None
+
     def close(self) -> None:
         return None
 
@@ -130,13 +147,51 @@ def _parse(raw: str | bytes | None, where: str) -> DesiredState | None:
 class RedisDesiredState(LazyRedis, DesiredStateStore):
     def __init__(self, url: str, namespace: str = "cascade", timeout_s: float = 0.5) -> None:
         self.url, self.key = url, f"{namespace}:{KEY}"
+        self.channel = f"{self.key}:changed"
         self.timeout_s = timeout_s
+        self._watch: Any = None  # an asyncio pub/sub subscribed to ``channel``, once waited
+        self._watch_failed = False
 
     def read(self) -> DesiredState | None:
         return _parse(self.client.get(self.key), f"Redis key {self.key}")
 
     def _swap(self, payload: str, expected_revision: int) -> bool:
-        return bool(self.client.eval(_COMPARE_AND_SET, 1, self.key, payload, expected_revision))
+        arguments = (payload, expected_revision, self.channel)
+        return bool(self.client.eval(_COMPARE_AND_SET, 1, self.key, *arguments))
+
+    async def wait_for_change(self, timeout_s: float) -> None:
+        """Wait for a message on ``channel`` (subscribed at the first wait, on its own
+        connection); when Redis cannot be subscribed to, sleep out the timeout (the caller
+        polls) and subscribe again at the next wait."""
+        deadline = time.monotonic() + timeout_s
+        try:
+            if self._watch is None:
+                import redis.asyncio
+
+                client = redis.asyncio.Redis.from_url(
+                    self.url, socket_connect_timeout=self.timeout_s
+                )
+                self._watch = client.pubsub(ignore_subscribe_messages=True)
+                await self._watch.subscribe(self.channel)
+                self._watch_failed = False
+            while (left := deadline - time.monotonic()) > 0:
+                if await self._watch.get_message(timeout=left) is not None:
+                    return
+        except Exception as error:
+            if not self._watch_failed:
+                log.warning("desired state changes not announced (%r): polling only", error)
+            self._watch_failed = True
+            await self.stop_watching()
+            await asyncio.sleep(max(0.0, deadline - time.monotonic()))
+
+    async def stop_watching(self) -> None:
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            try:
+                await watch.aclose()
+                await watch.connection_pool.disconnect()
+            except Exception as error:  # closing a broken connection
+                log.debug("closing the desired-state subscription: %r", error)
 
     def report(self, replica: str, status: dict, ttl_s: float) -> None:
         self.client.set(f"{self.key}:replica:{replica}", json.dumps(status), px=int(ttl_s * 1000))

@@ -21,6 +21,9 @@ holds, so a Triton that restarted (serving its repository's default) is back on 
 production and canary within a tick or two. A revision that arrives while the server is
 unreachable waits (it is retried every tick, never taken for a canary that cannot load).
 
+Between ticks it waits on the store: a write to Redis is announced (pub/sub) and applied at
+once, the interval is the fallback.
+
 The replica reports what it applied and whether it has converged (the desired revision
 applied, routed as desired, every desired version READY on its server: checked, not
 assumed; ``missing`` says what is not) under a short ttl, renewed every ``interval_s`` by its
@@ -331,7 +334,7 @@ class StateFollower:
                 await self.check()
             except Exception:  # a bug here must never stop following
                 log.exception("following the desired state failed")
-            await asyncio.sleep(self.interval_s)
+            await self.store.wait_for_change(self.interval_s)  # sooner when a write is announced
 
     async def _keep_reporting(self) -> None:
         """Renew the report every interval, also while ``check()`` waits on a long load."""
@@ -348,6 +351,7 @@ class StateFollower:
         """Stop following and withdraw this replica's report (it no longer serves)."""
         await self._background.stop()
         await self._reporting.stop()
+        await self.store.stop_watching()
         try:
             await asyncio.wait_for(asyncio.to_thread(self._withdraw_report), 2.0)
         except Exception as error:  # its short ttl ends it soon anyway
