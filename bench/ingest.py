@@ -5,8 +5,9 @@ For each size it generates (once, kept under ``--workdir``) parquet event logs l
 string user ids ("u0001234"), SKU item ids ("SKU-000123"), millisecond timestamps and an
 ``action`` column, with a dataset file over them. Then, each in a child process whose peak RSS
 is measured: pyarrow scanning the files (the engine-only read), and ``ingest`` of the same
-files. Prints a line per step and, as the last line, one JSON object (also written to
-``bench/results/ingest.json``).
+files. Each child also reports its CPU seconds (all threads): on a shared machine the CPU
+ratio swings less than the wall-clock one. Prints a line per step and, as the last line, one
+JSON object (also written to ``bench/results/ingest.json``).
 
     python bench/ingest.py [--sizes 10000000,50000000,200000000] [--workdir /tmp/cascade-ingest]
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import shutil
 import subprocess
 import sys
@@ -158,6 +160,8 @@ def main() -> None:
         else:
             result = engine_read(path) if step == "read" else run_ingest(path)
         result["peak_rss_gb"] = peak_rss_gb()
+        used = resource.getrusage(resource.RUSAGE_SELF)  # every thread of this child
+        result["cpu_s"] = used.ru_utime + used.ru_stime
         print(json.dumps(result), flush=True)
         return
 
@@ -176,14 +180,16 @@ def main() -> None:
         read = in_child("read", dataset)
         print(
             f"{rows:>12,} rows  engine read  {read['rows'] / read['seconds']:>12,.0f} rows/s"
-            f"  {read['seconds']:7.1f} s  peak RSS {read['peak_rss_gb']:.2f} GB",
+            f"  {read['seconds']:7.1f} s  {read['cpu_s']:7.1f} CPU-s"
+            f"  peak RSS {read['peak_rss_gb']:.2f} GB",
             flush=True,
         )
         done = in_child("ingest", dataset)
         rate, engine = done["rows"] / done["seconds"], read["rows"] / read["seconds"]
         print(
             f"{rows:>12,} rows  ingest       {rate:>12,.0f} rows/s  {done['seconds']:7.1f} s"
-            f"  peak RSS {done['peak_rss_gb']:.2f} GB  engine/ingest {engine / rate:.2f}x",
+            f"  {done['cpu_s']:7.1f} CPU-s  peak RSS {done['peak_rss_gb']:.2f} GB"
+            f"  engine/ingest {engine / rate:.2f}x (CPU {done['cpu_s'] / read['cpu_s']:.2f}x)",
             flush=True,
         )
         if not args.keep_output:
@@ -194,6 +200,9 @@ def main() -> None:
                 "rows_per_s": round(rate),
                 "engine_rows_per_s": round(engine),
                 "engine_over_ingest": round(engine / rate, 2),
+                "cpu_s": round(done["cpu_s"], 1),
+                "engine_cpu_s": round(read["cpu_s"], 1),
+                "cpu_over_engine": round(done["cpu_s"] / read["cpu_s"], 2),
                 "seconds": round(done["seconds"], 1),
                 "peak_rss_gb": done["peak_rss_gb"],
                 "engine_peak_rss_gb": read["peak_rss_gb"],
