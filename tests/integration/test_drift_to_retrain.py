@@ -14,7 +14,6 @@ Every dashboard panel's query is checked in ``test_dashboards.py`` (the full sta
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -93,7 +92,8 @@ def test_a_population_shift_queues_exactly_one_retrain_and_stationary_traffic_no
     )
     wait_until(prometheus.targets_up, 30, "Prometheus to scrape the gateway")
     # the counter is per process: other tests may have counted
-    enqueued_before = retrain_decisions(url)["enqueued"]
+    before = retrain_decisions(url)
+    enqueued_before = before["enqueued"]
 
     # 1. stationary traffic: PSI stays low, nothing fires, nothing is queued
     _traffic(url, "all")
@@ -113,7 +113,13 @@ def test_a_population_shift_queues_exactly_one_retrain_and_stationary_traffic_no
     drifted = {a["labels"].get("feature") for a in firing}
     assert "user_age" in drifted, drifted
     wait_until(lambda: queue.requests() or None, 30, "the webhook to queue a retrain")
-    time.sleep(6.0)  # Alertmanager re-sends every 2 s here, and other drift alerts may join
+    # Alertmanager re-sends every 2 s here (and other drift alerts may join): two re-sends
+    # answered as duplicates, not queued
+    wait_until(
+        lambda: retrain_decisions(url)["duplicate"] >= before["duplicate"] + 2,
+        30,
+        "the webhook to get two re-sends",
+    )
     assert len(queue.requests()) == 1 and retrain_decisions(url)["enqueued"] == enqueued_before + 1
     claimed = queue.claim("test-worker", lease_s=60)
     assert claimed is not None and queue.claim("other-worker", lease_s=60) is None
