@@ -13,8 +13,9 @@ The shape of ``tests/integration/fleet_shape.py``: each replica is ``cascade ser
 - convergence, every replica timed from the moment the desired state changes to its report
   of ``converged`` on that revision (its Triton serves the versions, checked): a rollout
   step (canary 2 at 50 %), a Triton killed with SIGKILL on one replica (to its Triton
-  answering again, and to converged: the gateway's supervisor restarts it on its deployed
-  default, the reconcile loop loads the canary back), and a rollback (the canary unloaded).
+  serving production again, and to converged: the gateway's supervisor restarts it empty,
+  the reconcile loop loads production and canary in one call), and a rollback (the canary
+  unloaded).
 
 The follower runs at its default interval (1 s). Progress goes to stdout; the last line is
 one JSON object (also bench/results/fleet.json), with the 2-replica figures as ratios to the
@@ -39,7 +40,15 @@ from typing import Any
 
 import httpx
 import pandas as pd
-from openloop import Probe, ProcessGroup, open_loop, search_rate, triton_processes
+from openloop import (
+    Probe,
+    ProcessGroup,
+    children,
+    cpu_seconds,
+    open_loop,
+    search_rate,
+    triton_processes,
+)
 from publish import publish
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -156,6 +165,26 @@ def time_until(condition: Any, since: float, timeout_s: float = 180.0) -> float:
     return round(time.monotonic() - since, 2)
 
 
+def triton_cpu(replica: Replica) -> dict[int, float]:
+    """CPU-seconds so far of the replica's tritonserver (with its exited children's: stubs
+    that only completed a config) and of each process under it (its python stubs), by pid."""
+    server = replica.triton_pid()
+    if server is None:
+        return {}
+    found = {pid: cpu_seconds(pid) for pid in children(server)}
+    try:
+        fields = Path(f"/proc/{server}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return found
+    reaped = (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")  # cutime, cstime
+    return {**found, server: cpu_seconds(server) + reaped}
+
+
+def cpu_spent(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU-seconds the processes alive in ``after`` spent since ``before`` (new ones: all)."""
+    return round(sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items()), 2)
+
+
 def change_desired(stack: Fleet, **changes: Any) -> tuple[int, float]:
     """Write the next desired state; returns its revision and when it was written."""
     current = stack.state.read()
@@ -165,15 +194,19 @@ def change_desired(stack: Fleet, **changes: Any) -> tuple[int, float]:
 
 
 def convergence(stack: Fleet) -> dict[str, Any]:
-    """The three convergence timings of the module docstring."""
+    """The three convergence timings of the module docstring, and the CPU-seconds the first
+    replica's Triton and stubs spent on the first two (what a quiet box's time follows)."""
+    first = stack.replicas[0]
+    before = triton_cpu(first)
     revision, since = change_desired(
         stack, canary=2, canary_weight=0.5, step=0, assignment_salt="bench", reason="bench step"
     )
     loaded = time_until(lambda: all(r.triton_serves(2) for r in stack.replicas), since)
     step = time_convergence(stack, revision, since)
+    step_cpu = cpu_spent(before, triton_cpu(first))
     log(
         f"    rollout step (canary 2 at 50 %): every Triton serves it after {loaded} s, "
-        f"converged after {step} s"
+        f"converged after {step} s ({step_cpu} CPU-s on the first replica's Triton)"
     )
     replica = stack.replicas[0]
     killed = replica.kill_triton()
@@ -182,7 +215,11 @@ def convergence(stack: Fleet) -> dict[str, Any]:
         lambda: replica.triton_pid() not in (None, killed) and replica.triton_serves(1), since
     )
     restart = time_convergence(stack, revision, since)[0]
-    log(f"    Triton SIGKILL: answering again after {triton_back} s, converged after {restart} s")
+    restart_cpu = cpu_spent({}, triton_cpu(replica))  # a new tritonserver, new stubs
+    log(
+        f"    Triton SIGKILL: answering again after {triton_back} s, converged after {restart} s "
+        f"({restart_cpu} CPU-s)"
+    )
     revision, since = change_desired(stack, canary=None, canary_weight=0.0, reason="bench rollback")
     rollback = time_convergence(stack, revision, since)
     log(f"    rollback (canary unloaded): converged after {rollback} s")
@@ -190,8 +227,10 @@ def convergence(stack: Fleet) -> dict[str, Any]:
         "rollout_step_triton_serves_canary_s": loaded,
         "rollout_step_s": step,
         "rollout_step_max_s": max(step),
+        "rollout_step_triton_cpu_s": step_cpu,
         "triton_restart_answering_s": triton_back,
         "triton_restart_converged_s": restart,
+        "triton_restart_cpu_s": restart_cpu,
         "reconcile_after_answering_s": round(restart - triton_back, 2),
         "rollback_s": rollback,
     }
@@ -322,6 +361,8 @@ def main() -> None:
                     "rollout_step_triton_serves_canary_s"
                 ],
                 "triton_restart": r["convergence"]["triton_restart_converged_s"],
+                "rollout_step_triton_cpu_s": r["convergence"]["rollout_step_triton_cpu_s"],
+                "triton_restart_cpu_s": r["convergence"]["triton_restart_cpu_s"],
                 "reconcile_after_triton_answers": r["convergence"]["reconcile_after_answering_s"],
                 "rollback_max": max(r["convergence"]["rollback_s"]),
             }
