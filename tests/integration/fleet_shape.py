@@ -11,9 +11,10 @@ of its own.
 - ``fleet_export(source, root, training)``: ``export_twin`` (versions 1 and 2) with the
   ranker's Triton config made to show what a restart does: one instance per version (the
   2 cores of a test box), and the version policy of the day it was deployed (production 1
-  alone), so a Triton that (re)starts mid-rollout serves production without the canary
-  (the repository's default, ``latest 2``, would serve both by chance here): what the
-  replica needs beyond its default, its reconcile loop has to load.
+  alone), so every Triton starts without the canary (the repository's default, ``latest
+  2``, would serve both by chance here): what the replica needs beyond its default, the
+  rollout and its reconcile loop have to load (a restarted Triton starts empty, see
+  ``services.inference.triton_server``).
 - ``fleet(root, directory, replicas)``: start it all; yields a ``Fleet``.
 """
 
