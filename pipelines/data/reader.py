@@ -36,6 +36,9 @@ SUFFIXES = {
 }
 BATCH_ROWS = 1 << 20  # rows per batch: large enough for vectorised work, small for memory
 _JSON_BLOCK = 16 << 20  # bytes per JSON block (a line must fit in one)
+# batches arrow decodes ahead of the caller: enough for two cores, and bounded, since the
+# caller (the ingest) is slower than the read and arrow's default would hold 16 x 4 batches
+_READAHEAD = {"batch_readahead": 4, "fragment_readahead": 1}
 
 
 def file_format(path: Path) -> str | None:
@@ -204,7 +207,7 @@ def _group_batches(
     options = ds.ParquetReadOptions(dictionary_columns=text)
     fmt = ds.ParquetFileFormat(read_options=options)
     dataset = ds.dataset([str(p) for p in group], format=fmt)
-    scanner = dataset.scanner(columns=columns, batch_size=BATCH_ROWS)
+    scanner = dataset.scanner(columns=columns, batch_size=BATCH_ROWS, **_READAHEAD)
     for tagged in scanner.scan_batches():  # in file order, rows in file order
         yield Path(tagged.fragment.path), tagged.record_batch
 
