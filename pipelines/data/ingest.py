@@ -24,6 +24,8 @@ import json
 import os
 import shutil
 import time
+from collections import deque
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -519,6 +521,19 @@ def _mapped(side: SideIds, values: pa.Array, batch: Batch, column: str) -> tuple
     return internal, found
 
 
+def _one_ahead(
+    batches: Iterator[Batch], start: Callable[[Batch], Future[tuple]]
+) -> Iterator[tuple[Batch, Future[tuple]]]:
+    """Each batch with its started job, the next batch's job started before it is handed
+    out, so a single worker (which keeps the batches' order) never waits for this thread."""
+    waiting: deque[tuple[Batch, Future[tuple]]] = deque()
+    for batch in batches:
+        waiting.append((batch, start(batch)))
+        if len(waiting) > 1:
+            yield waiting.popleft()
+    yield from waiting
+
+
 def _interactions(dataset: DatasetFile, ids: dict[str, SideIds], directory: Path) -> dict[str, Any]:
     """Stream, check and write the interactions; their counts."""
     spec = dataset.spec.interactions
@@ -536,14 +551,18 @@ def _interactions(dataset: DatasetFile, ids: dict[str, SideIds], directory: Path
     rows = {str(path): 0 for path in files}
     span = [np.iinfo(np.int64).max, np.iinfo(np.int64).min]
     text = {spec.user: pa.string(), spec.item: pa.string()}
-    # the user ids are mapped by a thread while this one maps the items (numpy and the hash
-    # table release the GIL); problems are noted after, users first, so the error is the same
+    # the user ids are mapped by a thread, one batch ahead, while this one maps the items
+    # (numpy and the hash table release the GIL); problems are noted after, users first, so
+    # the error is the same as in one thread
     mapper = ThreadPoolExecutor(1, thread_name_prefix="cascade-map")
+
+    def map_users(batch: Batch) -> Future[tuple]:
+        return mapper.submit(_mapped, ids["user"], batch.data.column(spec.user), batch, spec.user)
+
     try:
         batches = read_batches(files, spec.columns, spec.delimiter, text, plain=text)
-        for batch in batches:
+        for batch, user_job in _one_ahead(batches, map_users):
             data = batch.data
-            user_job = mapper.submit(_mapped, ids["user"], data.column(spec.user), batch, spec.user)
             items, item_problems = _mapped(ids["item"], data.column(spec.item), batch, spec.item)
             stamps, bad = seconds(data.column(spec.timestamp), spec.timestamp_format)
             users, user_problems = user_job.result()
@@ -559,7 +578,7 @@ def _interactions(dataset: DatasetFile, ids: dict[str, SideIds], directory: Path
             columns = [users, items, rating, stamps] + ([weight] if weighed else [])
             parts.write(pa.Table.from_arrays([pa.array(c) for c in columns], schema=schema))
     finally:
-        mapper.shutdown()
+        mapper.shutdown(cancel_futures=True)
         parts.close()  # also on an error: the writing thread ends
     problems.raise_first()
     outcomes.check_some_positive(dataset.resolve(spec.path))
