@@ -14,10 +14,12 @@ metric source at once (``tests/integration/test_dashboards.py``, ``bench/dashboa
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -44,12 +46,27 @@ ROLLOUT_OPTIONS = (
 )
 
 
+# Twins already exported in this process, by (source, training): tests that start from the
+# same session export copy this one instead of running the export step again.
+_TWINS: dict[tuple[str, str], Path] = {}
+
+
 def export_twin(source: Path, root: Path, training: TrainConfig) -> Path:
-    """Copy the export root ``source`` (with ``work``) to ``root`` and export version 2."""
+    """Copy the export root ``source`` (with ``work``) to ``root`` and export version 2 (or
+    copy the twin that an earlier call of this process made from the same source)."""
+    key = (str(source.resolve()), training.model_dump_json())
+    pristine = _TWINS.get(key)
+    if pristine is not None and pristine.is_dir():
+        shutil.copytree(pristine, root)
+        return root
     shutil.copytree(source, root)
     run_pipeline(root / "work", root, training, steps=("export",), log=lambda _: None)
     if not (root / "releases" / "2" / "manifest.json").is_file():
         raise RuntimeError(f"the export step did not write version 2 under {root}")
+    keep = Path(tempfile.mkdtemp(prefix="cascade-twin-"))
+    atexit.register(shutil.rmtree, keep, ignore_errors=True)
+    shutil.copytree(root, keep / "twin")  # before the caller changes its copy
+    _TWINS[key] = keep / "twin"
     return root
 
 

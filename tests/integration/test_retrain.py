@@ -92,7 +92,10 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
 
     asyncio.run(replay())
     good = _run(root)
-    bad = _run(root, "--sabotage", "shuffled-embeddings")
+    # the sabotage is judged on retrieval: the rankers train briefly (their checks may fail too)
+    bad = _run(
+        root, "--sabotage", "shuffled-embeddings", "--dlrm-epochs", "1", "--gbm-rounds", "10"
+    )
     yield {"root": root, "first": first, "good": good, "bad": bad, "events": len(feedback)}
     mp.undo()
 

@@ -12,12 +12,12 @@ import pytest
 from prometheus_client import REGISTRY
 
 from pipelines.config import TrainConfig
-from pipelines.pipeline import run_pipeline
 from services.api.app import create_app
 from services.serving.gateway import Gateway
 from services.settings import FollowSettings, Settings
 from services.state.desired_state import DesiredState, FileDesiredState
-from tests.conftest import FEEDBACK_HEADERS
+from tests.conftest import EXPORTED_TRAINING, FEEDBACK_HEADERS
+from tests.integration.production_shape import export_twin
 
 pytestmark = pytest.mark.integration
 
@@ -25,12 +25,8 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def two_versions(exported: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The exported root with a second version (same models, exported again)."""
-    root = tmp_path_factory.mktemp("two-versions")
-    shutil.copytree(exported, root, dirs_exist_ok=True)
-    config = TrainConfig(two_tower_epochs=2, bpr_epochs=1, dlrm_epochs=1, gbm_rounds=20)
-    run_pipeline(root / "work", root, config, steps=("export",), log=lambda _: None)
-    assert (root / "releases" / "2" / "manifest.json").is_file()
-    return root
+    root = tmp_path_factory.mktemp("two-versions") / "export"
+    return export_twin(exported, root, TrainConfig(**EXPORTED_TRAINING))
 
 
 @pytest.fixture
