@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import ArtifactError
-from core.export.verify import IGNORED_DIRECTORIES, MANIFEST, file_sha256
+from core.export.verify import MANIFEST, file_sha256
 
 
 def _versions(directory: Path) -> list[int]:
@@ -97,15 +97,12 @@ class VersionWriter:
         return target
 
     def finish(self, manifest: dict[str, Any]) -> Path:
-        """Record checksums of every file and write the manifest last (not bytecode caches:
-        a stub rewrites them where a copy did not keep file times, as the loaders know)."""
+        """Record checksums of every file and write the manifest last."""
         assert self.release is not None, "claim first"
         files = {}
         for base in [self.release, *self.published]:
             for path in sorted(p for p in base.rglob("*") if p.is_file()):
-                relative = path.relative_to(base)
-                if IGNORED_DIRECTORIES.isdisjoint(relative.parts[:-1]):
-                    files[str(path.relative_to(self.root))] = sha256(path)
+                files[str(path.relative_to(self.root))] = sha256(path)
         manifest = {**manifest, "version": self.version, "files": files}
         temporary = self.release / f".{MANIFEST}.tmp"
         temporary.write_text(json.dumps(manifest, indent=2, sort_keys=True))

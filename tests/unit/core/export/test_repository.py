@@ -39,19 +39,6 @@ def test_manifest_lists_checksums_of_every_file(tmp_path: Path) -> None:
         assert sha256(tmp_path / name) == digest
 
 
-def test_manifest_leaves_bytecode_caches_out(tmp_path: Path) -> None:
-    """A stub rewrites ``__pycache__`` where a copy lost the file times: never listed."""
-    writer = VersionWriter(tmp_path)
-    writer.claim()
-    staged = writer.staging("ranker")
-    (staged / "model.py").write_text("x = 1\n")
-    (staged / "__pycache__").mkdir()
-    (staged / "__pycache__" / "model.cpython-311.pyc").write_bytes(b"bytecode")
-    writer.publish("ranker", staged)
-    manifest = json.loads(writer.finish({}).read_text())
-    assert set(manifest["files"]) == {"model_repository/ranker/1/model.py"}
-
-
 def test_publish_never_replaces_an_existing_version(tmp_path: Path) -> None:
     (tmp_path / "model_repository/ranker/1").mkdir(parents=True)
     (tmp_path / "model_repository/ranker/1/model.txt").write_text("keep me")
