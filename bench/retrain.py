@@ -42,7 +42,7 @@ from services.stores.redis import RedisStore
 from services.util.local_redis import start_redis_server
 
 SMALL_HOLDOUT_GATE = (
-    Path(__file__).resolve().parents[1] / "pipelines" / "validation" / "gate-small-holdout.yaml"
+    Path(__file__).resolve().parents[1] / "control" / "validation" / "gate-small-holdout.yaml"
 )
 
 
