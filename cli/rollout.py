@@ -344,9 +344,11 @@ def _forecast(args: argparse.Namespace, controller: RolloutController, choose: b
             flush=True,
         )
         return None
-    if choose:
+    outlook = None
+    if choose:  # the equivalent candidate's forecast it chose by is the one printed
         choice = choose_steps(traffic, plan)
         plan = controller.plan = dataclasses.replace(plan, weights=choice.weights)
+        outlook = choice.outlook
         why = (
             "the smallest first step at which an equivalent candidate decides every step "
             f"within the {plan.step_deadline_s:.0f} s deadline"
@@ -355,7 +357,7 @@ def _forecast(args: argparse.Namespace, controller: RolloutController, choose: b
             f"{plan.step_deadline_s:.0f} s deadline: the largest"
         )
         print(f"plan: --steps auto: {_percent(plan.weights)}, {why}", flush=True)
-    outlook = forecast(traffic, plan)
+    outlook = outlook or forecast(traffic, plan)
     for line in outlook.lines(plan.step_deadline_s):
         print(line, flush=True)
     if not outlook.within_deadline:

@@ -271,7 +271,7 @@ async def measure_traffic(store: OnlineStore, now: float, window_s: float = WIND
         entries = await store.read_stream("impressions", cursor, READ_BATCH)
         for stream_id, fields in entries:
             cursor = stream_id
-            stamp = int(stream_id.split("-")[0]) / 1000.0
+            stamp = _seconds(stream_id)
             first = stamp if first is None else first
             last = stamp
             user, items = fields.get("user_id", ""), len(fields.get("items", "").split())
@@ -300,7 +300,12 @@ async def measure_traffic(store: OnlineStore, now: float, window_s: float = WIND
     oldest = await store.read_stream("impressions", "0-0", 1)
     if not oldest:
         return traffic
-    return dataclasses.replace(traffic, history_s=now - int(oldest[0][0].split("-")[0]) / 1000.0)
+    return dataclasses.replace(traffic, history_s=now - _seconds(oldest[0][0]))
+
+
+def _seconds(stream_id: str) -> float:
+    """The time of a stream entry: its id is ``<milliseconds>-<sequence>``."""
+    return int(stream_id.split("-")[0]) / 1000.0
 
 
 def user_spread(shown: np.ndarray, clicks: np.ndarray) -> tuple[float, float]:
