@@ -455,14 +455,20 @@ async def rollout(
 
 async def _watch(gateway: Gateway, seen: dict[str, Any]) -> None:
     """What the gateway's follower reported during the rollout (problems, a failed canary)."""
+    before: list[Any] | None = None  # what the follower applied before this rollout
     while True:
         follower = gateway.follower
         if follower is not None:
-            if follower.canary_failed is not None:
-                seen["canary_failed"].add(follower.canary_failed)
-            for problem in follower.problems:
-                if problem not in seen["problems"]:
-                    seen["problems"].append(problem)
+            if before is None:
+                before = list(follower.history)
+            for applied in list(follower.history):  # kept: the rollback replaces the state
+                if any(applied is earlier for earlier in before):
+                    continue
+                if applied.canary_failed is not None:
+                    seen["canary_failed"].add(applied.canary_failed)
+                for problem in applied.problems:
+                    if problem not in seen["problems"]:
+                        seen["problems"].append(problem)
             router = gateway.router
             seen["routed_canary"] |= router is not None and router.canary is not None
         await asyncio.sleep(0.1)

@@ -43,7 +43,8 @@ import secrets
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING, Protocol
+from collections import deque
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from services.metrics import (
     CANARY_WEIGHT,
@@ -82,6 +83,15 @@ class Followed(Protocol):
     async def warm_up(self, versions: list[int]) -> None: ...
 
 
+class Applied(NamedTuple):
+    """One application of a desired state by a follower, as it ended."""
+
+    revision: int
+    outcome: str
+    canary_failed: int | None
+    problems: tuple[str, ...]
+
+
 REPORT_TTL_S = 5.0  # at least; 3 intervals when longer (renewed every interval)
 
 
@@ -108,6 +118,9 @@ class StateFollower:
         self.reachable = True
         self.problems: list[str] = []
         self.canary_failed: int | None = None  # a desired canary this replica cannot load
+        # the last applications (revision, outcome, canary_failed, problems), newest last: a
+        # failed canary's state is replaced as soon as the rollback applies, these stay
+        self.history: deque[Applied] = deque(maxlen=32)
         self.previous: tuple[int, float] | None = None  # (old production, since)
         self.unrouted_since: dict[int, float] = {}
         self.reconciler = Reconciler(gateway.backend, timeout_s=max(read_timeout_s, 2.0))
@@ -273,6 +286,7 @@ class StateFollower:
     def _done(self, state: DesiredState, problems: list[str], outcome: str) -> None:
         self.applied_revision = state.revision
         self.problems = problems
+        self.history.append(Applied(state.revision, outcome, self.canary_failed, tuple(problems)))
         ROLLOUT_REVISION.set(state.revision)
         for problem in problems:
             log.error("desired state revision %d: %s", state.revision, problem)

@@ -185,6 +185,21 @@ async def test_a_revision_arriving_while_the_server_is_down_waits_instead_of_fai
     assert report["converged"] is True and report["missing"] == []
 
 
+async def test_a_failed_canary_stays_in_the_history_after_the_rollback(tmp_path: Path) -> None:
+    triton = TritonDouble()
+    triton.broken = {2}
+    follower, store = _follower(tmp_path, triton)
+    store.write(DesiredState(production=1, canary=2, canary_weight=0.5, revision=1), 0)
+    await follower.check()
+    assert follower.canary_failed == 2
+    store.write(DesiredState(production=1, revision=2), 1)  # the controller rolls back
+    await follower.check()
+    assert follower.canary_failed is None and follower.applied_revision == 2
+    first, second = follower.history
+    assert (first.revision, first.canary_failed, second.revision) == (1, 2, 2)
+    assert "canary 2 cannot be loaded" in first.problems[0] and second.problems == ()
+
+
 async def test_convergence_is_checked_on_the_server_not_assumed(tmp_path: Path) -> None:
     triton = TritonDouble()
     follower, store = _follower(tmp_path, triton)
