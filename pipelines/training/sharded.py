@@ -81,6 +81,10 @@ def process_group() -> Iterator[Ranks]:
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     try:
         yield Ranks(dist.get_rank(), dist.get_world_size(), _device())
+        if started and dist.get_world_size() > 1:
+            # no rank closes its connections while a peer's last exchange is in flight
+            # (gloo aborts the other rank: "terminate called without an active exception")
+            dist.barrier()
     finally:
         if started:
             dist.destroy_process_group()
