@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -13,6 +12,7 @@ from typing import Any
 from cli import options as opt
 from core.errors import UsageError
 from core.exit_codes import EPILOG, fail
+from services.util.server_log import configure_server_logging
 
 
 def _commands() -> dict[str, tuple[Callable[[Any], None], Callable[[argparse.Namespace], int]]]:
@@ -79,10 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     table = _commands()
     args = parser.parse_args(argv)
     if args.command == "serve":  # a line per state change and one when ready, with times
-        logging.basicConfig(
-            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-        )
-        logging.getLogger("faiss").setLevel(logging.WARNING)  # its loader's INFO lines are noise
+        configure_server_logging()
     try:
         return table[args.command][1](args)
     except Exception as error:  # one line and an exit code (core/exit_codes.py)

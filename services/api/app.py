@@ -21,6 +21,7 @@ from services.metrics import worker_exited
 from services.serving.gateway import Gateway
 from services.settings import Settings
 from services.state.retrain_queue import make_retrain_queue
+from services.util.server_log import configure_server_logging
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,13 @@ FEEDBACK_AUTH_WARNINGS = {
     "off": "no client key configured: every POST /v1/feedback is refused (401); set "
     "CASCADE_FEEDBACK__KEYS or CASCADE_FEEDBACK__KEYS_FILE",
 }
+
+
+def create_worker_app() -> FastAPI:
+    """The app of one of ``cascade serve --workers N``'s processes: uvicorn starts each as a
+    new interpreter, so its logging (the "gateway ready" line among it) is set up here."""
+    configure_server_logging()
+    return create_app()
 
 
 def create_app(settings: Settings | None = None, gateway: Gateway | None = None) -> FastAPI:

@@ -151,15 +151,25 @@ def serve(host: str, port: int, workers: int, settings: Settings) -> None:
     metrics_dir = prepare_worker_metrics(workers)
     if metrics_dir is not None:
         log.info("metrics of %d workers combined through %s", workers, metrics_dir)
-    app = "services.api.app:create_app"
     if workers > 1:  # uvicorn binds the port in the parent before it starts the workers
         uvicorn.run(
-            app, factory=True, host=host, port=port, workers=workers, **server_options(settings)
+            "services.api.app:create_worker_app",
+            factory=True,
+            host=host,
+            port=port,
+            workers=workers,
+            **server_options(settings),
         )
         return
     # One process: bind before the app starts (uvicorn alone would start the app first), so
     # that once "gateway ready" is logged a client can connect.
-    config = uvicorn.Config(app, factory=True, host=host, port=port, **server_options(settings))
+    config = uvicorn.Config(
+        "services.api.app:create_app",
+        factory=True,
+        host=host,
+        port=port,
+        **server_options(settings),
+    )
     listening = config.bind_socket()
     log.info("listening on %s:%d; starting the gateway", host, port)
     server = uvicorn.Server(config)

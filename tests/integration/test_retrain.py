@@ -92,10 +92,12 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
 
     asyncio.run(replay())
     good = _run(root)
-    # the sabotage is judged on retrieval: the rankers train briefly (their checks may fail too)
+    # the sabotage (item embeddings permuted after training) is judged on retrieval: every
+    # model trains briefly (the rankers' checks may fail too)
     bad = _run(
-        root, "--sabotage", "shuffled-embeddings", "--dlrm-epochs", "1", "--gbm-rounds", "10"
-    )
+        root, "--sabotage", "shuffled-embeddings", "--two-tower-epochs", "2", "--dlrm-epochs",
+        "1", "--gbm-rounds", "10",
+    )  # fmt: skip
     yield {"root": root, "first": first, "good": good, "bad": bad, "events": len(feedback)}
     mp.undo()
 

@@ -68,7 +68,12 @@ def test_two_workers_export_the_counts_of_both_on_every_scrape(
     try:
         wait_until_ready(serve, url)
         assert not (metrics_dir / "counter_1.db").exists()
-        time.sleep(5.0)  # the second worker finishes loading too
+        errors = tmp_path / "serve.err"
+        for _ in range(600):  # the second worker finishes loading too: each logs its start
+            if errors.read_text().count("gateway ready") >= 2:
+                break
+            time.sleep(0.1)
+        assert errors.read_text().count("gateway ready") == 2, errors.read_text()[-3000:]
         for number in range(REQUESTS):  # a new connection each: the workers share them out
             answer = httpx.post(f"{url}/v1/recommend", json={"user_id": number % 50, "k": 5})
             assert answer.status_code == 200, answer.text
