@@ -41,7 +41,7 @@ from tests.integration.served_app import (
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 DATASET = EXPORTED_SIZE  # what the `exported` fixture trained on (seed 0)
 TOKEN = "loop-admin-token"
-PHASE_S = 15.0  # each phase's traffic; the drift window is 10 s
+PHASE_S = 12.0  # each phase's traffic; the drift window is 10 s
 MIN_SAMPLES = 150  # the drift alerts' minimum sample in this test (production: 1000)
 
 
