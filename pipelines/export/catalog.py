@@ -37,7 +37,8 @@ from core.ids import ITEM_ID_MAP, IdMap
 from core.item_neighbors import DIRECTORY as NEIGHBORS
 from core.item_neighbors import ItemNeighbors
 from pipelines.data.dataset_file import FeatureSpec, TableSpec
-from pipelines.data.ingest import KindMismatch, SideIds, read_table
+from pipelines.data.ingest_ids import KindMismatch, SideIds
+from pipelines.data.ingest_tables import read_table
 from pipelines.export.exporter import ITEM_TOWER
 from pipelines.export.onnx_models import run_item_tower
 from pipelines.prepare import item_tower_inputs
