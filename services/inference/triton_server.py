@@ -360,24 +360,25 @@ class TritonServer:
                     + (f"; see {self.log_file}" if self.log_file else "")
                 )
             if self._get("/v2/health/ready") == 200:
-                self.verify_owner(process.pid)
+                self.verify_owner(process)
                 return
             time.sleep(0.2)
         if self._stopping.is_set():
             raise TritonUnavailable("stopped while starting")
         raise TritonUnavailable(f"tritonserver not ready after {timeout_s:.0f} s")
 
-    def verify_owner(self, pid: int, timeout_s: float = 10.0) -> None:
-        """Raise ``TritonUnavailable`` unless process ``pid`` listens on all three ports
-        within ``timeout_s`` (Triton opens its metrics port a moment after it answers
-        ready; a port another process holds never becomes ``pid``'s)."""
+    def verify_owner(self, process: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
+        """Raise ``TritonUnavailable`` unless ``process`` listens on all three ports within
+        ``timeout_s`` (Triton opens its metrics port a moment after it answers ready; a port
+        another process holds never becomes its own, and Triton exits when it cannot bind)."""
+        pid = process.pid
         deadline = time.monotonic() + timeout_s
         while True:
             owned = {port for _, port in listening_addresses(pid)}
             missing = {name: port for name, port in self.ports.items() if port not in owned}
             if not missing:
                 return
-            if time.monotonic() > deadline:
+            if process.poll() is not None or time.monotonic() > deadline:
                 name, port = next(iter(missing.items()))
                 raise TritonUnavailable(
                     f"the server answering on {self.address}:{port} ({name}) is not the "
