@@ -47,8 +47,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
-from prometheus_client import Counter, Gauge
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -56,51 +54,17 @@ from control.registry import Registry, RegistryUnavailable, VersionState, adopt_
 from control.rollout.analysis import AnalysisConfig, Decision, SequentialState, analyse
 from control.rollout.cuped import Covariates, read_pre_period
 from control.rollout.horizon import at_horizon
-from control.rollout.state import OperatorRequest, RolloutLog, RolloutRecord, user_cluster
+from control.rollout.metrics import ROLLOUT_DECISIONS, publish
+from control.rollout.state import OperatorRequest, RolloutLog, RolloutRecord
+from control.rollout.streams import read_arms
 from core.errors import CascadeError
 from services.errors import DependencyUnavailable
-from services.events.attribution import SERVED
 from services.state.desired_state import DesiredState, DesiredStateStore
 from services.stores.base import OnlineStore
 
 log = logging.getLogger(__name__)
 
-ERROR_REASONS = (":error", ":bad_scores")  # a model failed, not just a fallback taken
-READ_BATCH = 10_000
 
-ROLLOUT_STATE = Gauge("cascade_rollout_state", "1 for the rollout's current status.", ["status"])
-ROLLOUT_WEIGHT = Gauge("cascade_rollout_canary_weight", "The canary's configured traffic share.")
-ROLLOUT_DECISIONS = Counter(
-    "cascade_rollout_decisions_total",
-    "Rollout looks, by outcome and reason.",
-    ["outcome", "reason"],
-)
-ROLLOUT_VALUES = Gauge(
-    "cascade_rollout_analysis_value", "The last look's analysis values.", ["name"]
-)
-ROLLOUT_THRESHOLDS = Gauge(
-    "cascade_rollout_analysis_threshold", "The thresholds the values are judged against.", ["name"]
-)
-PUBLISHED_VALUES = (
-    "ctr_rate_control",
-    "ctr_rate_canary",
-    "ctr_difference",
-    "ctr_cs_lower",
-    "ctr_cs_upper",
-    "ctr_non_inferiority_bound",
-    "ctr_always_valid_p",
-    "hit_rate_rate_control",
-    "hit_rate_rate_canary",
-    "error_rate_difference",
-    "degraded_rate_difference",
-    "srm_p",
-    "p99_ms_control",
-    "p99_ms_canary",
-    "p99_ratio",
-    "impressions_control",
-    "impressions_canary",
-)
-STATUSES = ("running", "promoted", "rolled_back", "paused")
 # what an outage of the control plane's stores raises: the look pauses, nothing is decided
 UNREACHABLE = (
     RedisConnectionError,
@@ -276,7 +240,7 @@ class RolloutController:
             record.behind_since = self.clock() if applied else record.step_started_at
         if self.plan.analysis.cuped:
             await self._attach_covariates(record)
-        await self._read_streams(record)
+        await read_arms(self.store, record)
         problem = self._deployment_problem(record)
         if problem is not None:
             reason, detail = problem
@@ -392,52 +356,6 @@ class RolloutController:
         if record.covariates is None:
             record.covariates = Covariates()
         record.covariates.pre = self._pre_period[1]
-
-    async def _read_streams(self, record: RolloutRecord) -> None:
-        arms = {record.production: record.arm("control"), record.version: record.arm("canary")}
-        names = {record.production: "control", record.version: "canary"}
-        while True:
-            entries = await self.store.read_stream(
-                "impressions", record.cursors["impressions"], READ_BATCH
-            )
-            latencies: dict[int, list[float]] = {version: [] for version in arms}
-            for stream_id, fields in entries:
-                record.cursors["impressions"] = stream_id
-                version = _int(fields.get("model_version"))
-                arm = arms.get(version)
-                if arm is None:
-                    continue
-                reasons = fields.get("reasons", "").split()
-                user = fields.get("user_id", "")
-                arm.add_request(user, len(fields.get("items", "").split()))
-                if record.covariates is not None:
-                    record.covariates.see(names[version], user, user_cluster(user))
-                arm.degraded += bool(reasons)
-                arm.errors += any(r.endswith(ERROR_REASONS) for r in reasons)
-                latencies[version].append(_float(fields.get("latency_ms")))
-                share = _assigning_share(fields.get("split", ""), record.version)
-                if share is not None:
-                    record.split(share).add(
-                        fields.get("user_id", ""), canary=version == record.version
-                    )
-            for version, values in latencies.items():
-                arms[version].add_latencies(np.asarray(values, np.float64))
-            if len(entries) < READ_BATCH:
-                break
-        while True:
-            entries = await self.store.read_stream(
-                "feedback", record.cursors["feedback"], READ_BATCH
-            )
-            for stream_id, fields in entries:
-                record.cursors["feedback"] = stream_id
-                arm = arms.get(_int(fields.get("model_version")))
-                # only clicks the gateway vouched for (services.events.attribution): an unvouched
-                # click never moves a canary's CTR, whatever version it claims
-                if arm is None or fields.get("type") != "click" or fields.get("trust") != SERVED:
-                    continue
-                arm.add_click(fields.get("user_id", ""), hit=fields.get("hit") == "1")
-            if len(entries) < READ_BATCH:
-                break
 
     def _routing_applied(self, record: RolloutRecord) -> None:
         """Every live replica routes by the step's weight now: the step's times count from
@@ -590,21 +508,7 @@ class RolloutController:
         )
 
     def _publish(self, record: RolloutRecord, decision: Decision | None = None) -> None:
-        status = "paused" if self.paused and record.status == "running" else record.status
-        for known in STATUSES:
-            ROLLOUT_STATE.labels(known).set(1.0 if known == status else 0.0)
-        ROLLOUT_WEIGHT.set(record.weight if record.status == "running" else 0.0)
-        if decision is None:
-            return
-        for name in PUBLISHED_VALUES:
-            value = decision.values.get(name)
-            if isinstance(value, int | float):
-                ROLLOUT_VALUES.labels(name).set(float(value))
-        config = self.plan.analysis
-        ROLLOUT_THRESHOLDS.labels("alpha").set(config.alpha)
-        ROLLOUT_THRESHOLDS.labels("non_inferiority_margin").set(config.non_inferiority_margin)
-        ROLLOUT_THRESHOLDS.labels("srm_alpha").set(config.srm_alpha)
-        ROLLOUT_THRESHOLDS.labels("max_p99_ratio").set(config.max_p99_ratio)
+        publish(record, decision, self.paused, self.plan.analysis)
 
     async def run(
         self,
@@ -661,33 +565,3 @@ def _decision_dict(decision: Decision, record: RolloutRecord) -> dict[str, Any]:
 def _failed(decision: Decision) -> str:
     """What the failed checks of a look measured (the rollback's log line and audit entry)."""
     return "; ".join(f"{c.name}: {c.detail}" for c in decision.checks if c.passed is False)
-
-
-def _assigning_share(split: str, canary: int) -> str | None:
-    """The canary share of an answer's ``split`` field (``"2:0.05"``, see
-    ``VersionRouter.split``) when that split was this rollout's canary ``canary`` at a share
-    that tells the arms apart; None otherwise (requested by the client, no canary yet on that
-    replica, another canary, a share of 0 or 1, malformed, or a gateway too old to log it)."""
-    version, _, share = split.partition(":")
-    try:
-        weight = float(share)
-    except ValueError:
-        return None
-    if _int(version) != canary or not 0.0 < weight < 1.0:
-        return None
-    return f"{weight:g}"
-
-
-def _int(value: str | None) -> int:
-    """A stream field as an int; -1 (no arm) when missing or malformed."""
-    try:
-        return int(value) if value else -1
-    except ValueError:
-        return -1
-
-
-def _float(value: str | None) -> float:
-    try:
-        return float(value) if value else 0.0
-    except ValueError:
-        return 0.0
