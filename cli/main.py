@@ -21,6 +21,7 @@ def _commands() -> dict[str, tuple[Callable[[Any], None], Callable[[argparse.Nam
     from cli import (
         catalog,
         materialize,
+        operator,
         recommend,
         registry,
         report,
@@ -40,8 +41,8 @@ def _commands() -> dict[str, tuple[Callable[[Any], None], Callable[[argparse.Nam
         "simulate": (simulate.add_parser, simulate.run),
         "retrain": (retrain.add_parser, retrain.run),
         "rollout": (rollout.add_rollout_parser, rollout.run_rollout),
-        "rollback": (rollout.add_rollback_parser, rollout.run_rollback),
-        "promote": (rollout.add_promote_parser, rollout.run_promote),
+        "rollback": (operator.add_rollback_parser, operator.run_rollback),
+        "promote": (operator.add_promote_parser, operator.run_promote),
         "report": (report.add_parser, report.run),
         "catalog": (catalog.add_parser, catalog.run),
         "recommend": (recommend.add_parser, recommend.run),

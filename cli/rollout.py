@@ -1,13 +1,11 @@
-"""``cascade rollout VERSION`` / ``cascade rollout status`` / ``cascade rollback`` /
-``cascade promote``: the rollout controller's command line.
+"""``cascade rollout VERSION`` / ``cascade rollout status``: the rollout controller's command
+line (``cascade rollback`` / ``promote``: ``cli/operator.py``).
 
 Exit codes of ``cascade rollout VERSION``: 0 promoted, 1 rolled back, 3 refused or failed,
 2 a usage error (``--once``: 0 after one look, whatever it decided).
 
 The controller holds the registry's ``rollout`` lock (ttl ``--lock-ttl``, kept by a
-heartbeat). ``cascade rollback`` / ``promote`` take the lock and act when it is free; while a
-controller holds it they leave it a request (``RolloutLog.put_request``) and wait for it to
-be honoured (``--wait-s``), taking over if the controller dies meanwhile.
+heartbeat); the operator's commands ask it to act while it does.
 """
 
 from __future__ import annotations
@@ -21,15 +19,12 @@ from contextlib import ExitStack
 from typing import Any
 
 from cli import options as opt
-from control.registry import HOLDER, LockHeld
 from control.rollout.analysis import AnalysisConfig
 from control.rollout.controller import RolloutController, RolloutPlan, RolloutRefused
-from control.rollout.state import Action, OperatorRequest, RolloutRecord
+from control.rollout.state import RolloutRecord
 
 LOCK_NAME = "rollout"
 LOCK_TTL_S = 30.0  # a killed controller blocks the next one (and the operator) this long
-OPERATOR_WAIT_S = 60.0
-OPERATOR_POLL_S = 0.2
 
 
 def _settings(args: argparse.Namespace) -> Any:
@@ -42,7 +37,7 @@ def _settings(args: argparse.Namespace) -> Any:
     return settings.model_copy(update={"streams_dir": settings.embedded_streams()})
 
 
-def _controller(args: argparse.Namespace, plan: RolloutPlan | None = None) -> RolloutController:
+def controller_for(args: argparse.Namespace, plan: RolloutPlan | None = None) -> RolloutController:
     from control.registry import make_registry
     from control.rollout.state import make_rollout_log
     from services.serving.gateway import make_store
@@ -268,7 +263,7 @@ def _plan(args: argparse.Namespace) -> RolloutPlan:
 def run_rollout(args: argparse.Namespace) -> int:
     if args.target == "status":
         return _status(args)
-    controller = _controller(args, _plan(args))
+    controller = controller_for(args, _plan(args))
     if (
         args.if_any
         and args.target == "candidate"
@@ -313,7 +308,7 @@ def run_rollout(args: argparse.Namespace) -> int:
             flush=True,
         )
         record = asyncio.run(_drive(controller, lock, max_looks=1 if args.once else None))
-    _print(record)
+    print_record(record)
     if args.once or record.status == "running":
         return 0
     return 0 if record.status == "promoted" else 1
@@ -386,7 +381,7 @@ async def _drive(controller: RolloutController, lock: Any, max_looks: int | None
         await controller.store.close()
 
 
-def _print(record: RolloutRecord | None) -> None:
+def print_record(record: RolloutRecord | None) -> None:
     if record is None:
         print("no rollout has run")
         return
@@ -407,7 +402,7 @@ def _print(record: RolloutRecord | None) -> None:
 
 
 def _status(args: argparse.Namespace) -> int:
-    controller = _controller(args)
+    controller = controller_for(args)
     record = controller.log.load()
     if args.json:
         print(
@@ -422,138 +417,13 @@ def _status(args: argparse.Namespace) -> int:
             )
         )
         return 0
-    _print(record)
+    print_record(record)
     if record is not None and record.last_decision:
         decision = record.last_decision
         print(f"  last look {decision['look']}: {decision['outcome']} ({decision['reason']})")
         for check in decision["checks"]:
             print(f"    {check['name']:<18} passed={check['passed']!s:<5} {check['detail']}")
     return 0
-
-
-def _operator_options(parser: argparse.ArgumentParser) -> None:
-    opt.add_artifacts(parser)
-    parser.add_argument("--reason", default="manual", help="recorded in the audit trail")
-    parser.add_argument(
-        "--wait-s",
-        type=opt.non_negative_float,
-        default=OPERATOR_WAIT_S,
-        help="while a controller drives the rollout: how long to wait for it to act on "
-        "the request (it does within about a second between looks)",
-    )
-
-
-def add_rollback_parser(commands: Any) -> None:
-    parser = commands.add_parser(
-        "rollback",
-        help="roll the running rollout back now (or undo the last promotion)",
-        description="With a rollout running: take the canary out at once (production "
-        "untouched), reason `operator`; when a controller drives it, it is asked to, and "
-        "this waits until it has. With none: make the previous production the production "
-        "again.",
-    )
-    _operator_options(parser)
-
-
-def run_rollback(args: argparse.Namespace) -> int:
-    controller, record = _operator(args, "rollback")
-    desired = controller.desired.read()
-    print(f"rolled back; serving production {desired.production if desired else '?'}")
-    _print(record)
-    return 0
-
-
-def add_promote_parser(commands: Any) -> None:
-    parser = commands.add_parser(
-        "promote",
-        help="promote the running rollout's canary now (recorded)",
-        description="Make the running rollout's canary the production version without "
-        "waiting for its analysis (reason `operator`, with --reason in the audit trail); "
-        "when a controller drives it, it is asked to, and this waits until it has.",
-    )
-    _operator_options(parser)
-
-
-def run_promote(args: argparse.Namespace) -> int:
-    _, record = _operator(args, "promote")
-    _print(record)
-    return 0
-
-
-def _operator(
-    args: argparse.Namespace, action: Action
-) -> tuple[RolloutController, RolloutRecord | None]:
-    """Roll back or promote under the ``rollout`` lock; while a controller holds it, leave
-    it a request for the running rollout and wait (``--wait-s``) until it has acted, or
-    until its lock is free (it died: act here). Returns the record acted on."""
-    from redis.exceptions import RedisError
-
-    controller = _controller(args)
-    try:
-        return controller, _act_or_request(controller, args, action)
-    except RedisError as error:  # the rollout record's or the desired state's Redis
-        raise RolloutRefused(f"{action}: the rollout's store cannot be reached ({error})") from None
-
-
-def _act_or_request(
-    controller: RolloutController, args: argparse.Namespace, action: Action
-) -> RolloutRecord | None:
-    """``_operator``'s loop: act under the lock, or request and wait for the controller."""
-    deadline = time.monotonic() + args.wait_s
-    requested: OperatorRequest | None = None
-
-    def answered() -> RolloutRecord | None:
-        """The rollout the request was for, once it has ended (None before)."""
-        record = controller.log.load()
-        if requested is None or record is None or record.id != requested.rollout:
-            return None
-        return None if record.status == "running" else _honoured(record, action)
-
-    while True:
-        try:
-            with controller.registry.lock(LOCK_NAME, ttl_s=LOCK_TTL_S):
-                record = answered()  # the controller may have acted and exited meanwhile
-                if record is not None:
-                    return record
-                if action == "rollback":
-                    return controller.rollback(args.reason)
-                return controller.promote(args.reason)
-        except LockHeld as error:
-            held = error
-        if (record := answered()) is not None:
-            return record
-        current = controller.log.load()
-        if requested is None and current is not None and current.status == "running":
-            requested = OperatorRequest(
-                action=action, rollout=current.id, reason=args.reason, by=HOLDER
-            )
-            controller.log.put_request(requested)
-            print(
-                f"{action} of rollout {current.id} requested from its controller ({held}); "
-                f"waiting up to {args.wait_s:g} s",
-                flush=True,
-            )
-        if time.monotonic() >= deadline:
-            if requested is None:
-                raise RolloutRefused(f"{held}; no rollout is running for it to {action}")
-            raise RolloutRefused(
-                f"the controller did not {action} rollout {requested.rollout} within "
-                f"{args.wait_s:g} s ({held}); the request stands: it acts on it at its next "
-                "look (`cascade rollout status`)"
-            )
-        time.sleep(OPERATOR_POLL_S)
-
-
-def _honoured(record: RolloutRecord, action: Action) -> RolloutRecord:
-    """The rollout the request was for has ended: as asked, or on its own just before."""
-    wanted = "rolled_back" if action == "rollback" else "promoted"
-    if record.status == wanted:
-        return record
-    again = "; `cascade rollback` again restores the previous production"
-    raise RolloutRefused(
-        f"rollout {record.id} was {record.status.replace('_', ' ')} ({record.reason}) "
-        f"before its controller saw the {action} request{again if action == 'rollback' else ''}"
-    )
 
 
 def _percent(weights: tuple[float, ...]) -> str:

@@ -10,7 +10,7 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from cli.main import main
-from cli.rollout import _honoured
+from cli.operator import _honoured
 from control.registry import FileRegistry
 from control.rollout.controller import RolloutRefused
 from control.rollout.state import FileRolloutLog, RolloutRecord
