@@ -200,10 +200,11 @@ def forecast(traffic: Traffic, plan: RolloutPlan, effect: float = 0.0) -> Foreca
         if not fails:
             least = max(least, config.min_requests)
         counts_s = max(0.0, max((least - answers[i]) / shares[i] for i in (0, 1)))
-        # a decision comes at a look, and a pass moves on only after min_step_s
-        seconds = max(kpi_s, counts_s)
+        # a decision comes at a look, after the look that finds every replica applied the
+        # step (one interval after it was set); a pass moves on min_step_s after that look
+        seconds = max(kpi_s, counts_s, plan.interval_s)
         if not fails:
-            seconds = max(seconds, plan.min_step_s)
+            seconds = max(seconds, plan.interval_s + plan.min_step_s)
         if math.isfinite(seconds):
             seconds = math.ceil(seconds / plan.interval_s) * plan.interval_s
         steps.append(

@@ -42,10 +42,12 @@ PLANS = {
 
 def simulate(traffic: Traffic, plan: RolloutPlan, effect: float, rng: np.random.Generator):  # type: ignore[no-untyped-def]
     """One rollout, look by look as the controller takes them: Poisson answers split by the
-    step's weight, binomial clicks at production's CTR and at ``effect`` relative to it.
+    step's weight, binomial clicks at production's CTR and at ``effect`` relative to it. A
+    step's time counts from its first look (the one that finds the replicas applied it).
     Returns (seconds to the decision, outcome)."""
     counts = np.zeros((2, 3))  # control, canary: answers, impressions, clicks (cumulative)
-    state, step, in_step, seconds, expected = SequentialState(), 0, 0.0, 0.0, 0.0
+    state, step, seconds, expected = SequentialState(), 0, 0.0, 0.0
+    in_step = -plan.interval_s
     while True:
         weight = plan.weights[step]
         answers = rng.poisson(traffic.answers_per_s * plan.interval_s)
@@ -65,7 +67,7 @@ def simulate(traffic: Traffic, plan: RolloutPlan, effect: float, rng: np.random.
         if decision.outcome == "pass" and in_step >= plan.min_step_s:
             if step + 1 == len(plan.weights):
                 return seconds, "promoted"
-            step, in_step = step + 1, 0.0
+            step, in_step = step + 1, -plan.interval_s
         elif decision.outcome == "hold" and in_step >= plan.step_deadline_s:
             return seconds, "inconclusive"
 
@@ -85,6 +87,16 @@ def test_the_forecast_matches_the_simulated_median_time_to_a_decision(
     measured = statistics.median(seconds for seconds, _ in runs)
     predicted = forecast(TRAFFIC, plan, effect).total_s
     assert predicted / FACTOR <= measured <= predicted * FACTOR, (measured, predicted)
+
+
+def test_a_step_counts_from_the_look_that_finds_it_applied() -> None:
+    """The controller sees a step applied at the look after it set it: a clear pass moves on
+    ``min_step_s`` after that look, a clear fail comes at that look at the earliest."""
+    plan = RolloutPlan(weights=(0.25, 0.5), interval_s=30, min_step_s=300)
+    better = forecast(Traffic(400.0, 10.0, 0.05), plan, 0.5)
+    assert [step.seconds for step in better.steps] == [330.0, 330.0]
+    worse = forecast(Traffic(4000.0, 10.0, 0.05), plan, -0.9)
+    assert [step.seconds for step in worse.steps] == [30.0]
 
 
 def test_a_step_that_outlasts_its_deadline_is_called_out() -> None:
