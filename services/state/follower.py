@@ -229,6 +229,9 @@ class StateFollower:
         if self.canary_failed is not None:
             VERSION_LOAD_FAILURES.labels(role="canary").inc()
         await gateway.warm_up([v for v in (state.production, canary) if v is not None])
+        # readiness judges the routed versions by the last look at the server: take it after
+        # the load, or the new canary reads as unserved (503) until the tick's reconcile
+        await self.reconciler.observe(serving)
         weight = state.canary_weight if canary is not None else 0.0
         gateway.router = VersionRouter(
             state.production, canary, weight * 100, state.assignment_salt

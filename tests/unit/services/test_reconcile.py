@@ -185,6 +185,22 @@ async def test_a_revision_arriving_while_the_server_is_down_waits_instead_of_fai
     assert report["converged"] is True and report["missing"] == []
 
 
+async def test_a_replica_routing_a_new_canary_stays_ready(tmp_path: Path) -> None:
+    """Readiness judges the routed versions by the last observation of the server: one taken
+    before the canary loaded would call the new router's canary unserved (a 503 until the
+    tick's reconcile looked again)."""
+    triton = TritonDouble()
+    follower, store = _follower(tmp_path, triton)
+    canary = follower.gateway.releases.pop(2)
+    store.write(DesiredState(production=1, revision=1), 0)
+    await follower.check()
+    assert triton.served == {1}
+    follower.gateway.releases[2] = canary  # as apply finds it on disk
+    await follower.apply(DesiredState(production=1, canary=2, canary_weight=0.5, revision=2))
+    assert follower.gateway.router.canary == 2 and triton.served == {1, 2}
+    assert follower.unserved() == []
+
+
 async def test_a_failed_canary_stays_in_the_history_after_the_rollback(tmp_path: Path) -> None:
     triton = TritonDouble()
     triton.broken = {2}
