@@ -455,14 +455,14 @@ async def rollout(
 
 async def _watch(gateway: Gateway, seen: dict[str, Any]) -> None:
     """What the gateway's follower reported during the rollout (problems, a failed canary)."""
-    before: list[Any] | None = None  # what the follower applied before this rollout
+    since: int | None = None  # the revision the follower had applied before this rollout
     while True:
         follower = gateway.follower
         if follower is not None:
-            if before is None:
-                before = list(follower.history)
+            if since is None:
+                since = follower.applied_revision or 0
             for applied in list(follower.history):  # kept: the rollback replaces the state
-                if any(applied is earlier for earlier in before):
+                if applied.revision <= since:
                     continue
                 if applied.canary_failed is not None:
                     seen["canary_failed"].add(applied.canary_failed)

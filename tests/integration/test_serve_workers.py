@@ -10,13 +10,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 from prometheus_client import multiprocess
 
 from services.util.local_redis import free_port
+from tests.integration.monitoring_servers import wait_until
 from tests.integration.served_app import wait_until_ready
 
 REQUESTS = 60
@@ -69,10 +69,11 @@ def test_two_workers_export_the_counts_of_both_on_every_scrape(
         wait_until_ready(serve, url)
         assert not (metrics_dir / "counter_1.db").exists()
         errors = tmp_path / "serve.err"
-        for _ in range(600):  # the second worker finishes loading too: each logs its start
-            if errors.read_text().count("gateway ready") >= 2:
-                break
-            time.sleep(0.1)
+
+        def both_ready() -> bool:  # the second worker finishes loading too: each logs it
+            return errors.read_text().count("gateway ready") >= 2
+
+        wait_until(both_ready, 60, "both workers to log their ready line")
         assert errors.read_text().count("gateway ready") == 2, errors.read_text()[-3000:]
         for number in range(REQUESTS):  # a new connection each: the workers share them out
             answer = httpx.post(f"{url}/v1/recommend", json={"user_id": number % 50, "k": 5})
