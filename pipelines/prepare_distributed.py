@@ -19,92 +19,24 @@ on, without a cluster-wide shuffle. The order is not the in-memory one: the rows
 from __future__ import annotations
 
 import math
-import os
 import shutil
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 from distributed import Client, Future
 
-from core.errors import ConfigError, writing
-from core.features.ops import Columns
+from core.errors import ConfigError
 from core.features.workflow import Workflow
 from pipelines import features_distributed as fd
 from pipelines.data.schema import RawDataset
-from pipelines.split import POSITIVE_RATING, Split, hashed_split
-from pipelines.storage import flatten, write_parquet
+from pipelines.ranking_files import RANKING_GROUP_ROWS, merge_pieces, write_piece
+from pipelines.split import Split, hashed_split
 
-RANKING_GROUP_ROWS = 65_536  # row group size of the ranking files (as the in-memory path)
 PARTITIONS_PER_WORKER = 4  # small data sets: still a few partitions for every worker
 
 
 def same_split(left: Split, right: Split) -> bool:
     return all(np.array_equal(getattr(left, part), getattr(right, part)) for part in fd.SPLIT_PARTS)
-
-
-def _write_piece(
-    columns: Columns, path: Path, seed: tuple[int, int] | None, names: tuple[str, ...]
-) -> int:
-    """Runs on a worker: this partition's ranking rows (rating 3 dropped) as parquet,
-    permuted when ``seed`` is given; returns the rows written."""
-    kept = np.flatnonzero(columns["rating"] != POSITIVE_RATING)
-    if seed is not None:
-        kept = np.random.default_rng(list(seed)).permutation(kept)
-    picked = {c: columns[c][kept] for c in names}
-    write_parquet(path, flatten(picked, names), row_group_size=RANKING_GROUP_ROWS)
-    return len(kept)
-
-
-def _shares(remaining: np.ndarray, rows: int) -> np.ndarray:
-    """``rows`` split over the pieces in proportion to ``remaining`` (largest remainders;
-    never more than a piece has left)."""
-    total = int(remaining.sum())
-    take = remaining * rows // total
-    left_over = rows - int(take.sum())
-    by_remainder = np.argsort(-(remaining * rows % total), kind="stable")
-    take[by_remainder[:left_over]] += 1
-    return take
-
-
-def merge_pieces(
-    pieces: list[Path], path: Path, rng: np.random.Generator | None, group_rows: int
-) -> None:
-    """Stream ``pieces`` (parquet files of one schema) into ``path`` in row groups of
-    ``group_rows``: in order, or (``rng``) each group drawn from every piece in proportion
-    to what it has left and permuted. Holds about one row group per piece in memory."""
-    files = [pq.ParquetFile(p) for p in pieces]
-    remaining = np.array([f.metadata.num_rows for f in files], dtype=np.int64)
-    batches = [f.iter_batches(batch_size=group_rows) for f in files]
-    buffers = [f.schema_arrow.empty_table() for f in files]
-
-    def take(i: int, rows: int) -> pa.Table:
-        while buffers[i].num_rows < rows:
-            buffers[i] = pa.concat_tables([buffers[i], pa.Table.from_batches([next(batches[i])])])
-        out, buffers[i] = buffers[i].slice(0, rows), buffers[i].slice(rows)
-        return out
-
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with (
-        writing(path),
-        pq.ParquetWriter(
-            temporary, files[0].schema_arrow, compression="none", use_dictionary=False
-        ) as writer,
-    ):
-        while remaining.sum():
-            rows = min(group_rows, int(remaining.sum()))
-            if rng is None:  # in order: fill the group from the first pieces with rows left
-                before = np.cumsum(remaining) - remaining
-                counts = np.clip(rows - before, 0, remaining)
-            else:
-                counts = _shares(remaining, rows)
-            group = pa.concat_tables([take(i, int(n)) for i, n in enumerate(counts) if n])
-            if rng is not None:
-                group = group.take(rng.permutation(group.num_rows))
-            writer.write_table(group, row_group_size=group_rows)
-            remaining -= counts
-    os.replace(temporary, path)
 
 
 def _write_split(
@@ -122,7 +54,7 @@ def _write_split(
     pieces = [pieces_dir / f"part-{i:05d}.parquet" for i in range(len(encoded))]
     shuffle = name == "train"
     seeds = [(seed, i) if shuffle else None for i in range(len(encoded))]
-    client.gather(client.map(_write_piece, encoded, pieces, seeds, names=names))
+    client.gather(client.map(write_piece, encoded, pieces, seeds, names=names))
     rng = np.random.default_rng(seed) if shuffle else None
     merge_pieces(pieces, workdir / f"ranking_{name}.parquet", rng, RANKING_GROUP_ROWS)
     shutil.rmtree(pieces_dir)

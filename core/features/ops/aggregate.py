@@ -49,12 +49,16 @@ class GroupMean(MeanTableOp):
         size = int(ids.max()) + 1 if len(ids) else 1
         return ExactSums.of(ids, values, size), np.bincount(ids, minlength=size)
 
-    def combine(self, parts: Sequence[tuple[ExactSums, np.ndarray]]) -> None:
+    def merge(self, parts: Sequence[tuple[ExactSums, np.ndarray]]) -> tuple[ExactSums, np.ndarray]:
         size = max(len(counts) for _, counts in parts)
-        sums = ExactSums.merge([s for s, _ in parts], size)
         counts = np.zeros(size, dtype=np.int64)
         for _, part in parts:
             counts[: len(part)] += part
+        return ExactSums.merge([s for s, _ in parts], size), counts
+
+    def combine(self, parts: Sequence[tuple[ExactSums, np.ndarray]]) -> None:
+        sums, counts = self.merge(parts)
+        size = len(counts)
         known = int(counts.sum())
         total = sums.regrouped(np.zeros(len(sums.keys), np.int64), 1).fractions()[0]
         self.prior = float(total / known) if known else 0.0

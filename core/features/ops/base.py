@@ -54,6 +54,11 @@ class FeatureOp(ABC):
         """A summary of these training rows (picklable), for ``combine``."""
 
     @abstractmethod
+    def merge(self, parts: Sequence[Any]) -> Any:
+        """One summary of the rows of ``parts`` (``partial_fit`` summaries, or merged ones):
+        what a stream of parts keeps instead of every part's summary."""
+
+    @abstractmethod
     def combine(self, parts: Sequence[Any]) -> None:
         """Learn state from the ``partial_fit`` summaries of all training rows, in any
         grouping and order."""

@@ -83,18 +83,21 @@ class Categorify(FeatureOp):
         counts = np.bincount(which.reshape(-1), weights=rows[~null], minlength=len(uniques))
         return uniques, counts.astype(np.int64)
 
-    def combine(self, parts: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
+    def merge(
+        self, parts: Sequence[tuple[np.ndarray, np.ndarray]]
+    ) -> tuple[np.ndarray, np.ndarray]:
         if len(parts) == 1:
-            uniques, counts = parts[0]
-        else:
-            uniques, which = np.unique(
-                np.concatenate([keys for keys, _ in parts]), return_inverse=True
-            )
-            counts = np.bincount(
-                which.reshape(-1),
-                weights=np.concatenate([c for _, c in parts]),
-                minlength=len(uniques),
-            )
+            return parts[0]
+        uniques, which = np.unique(np.concatenate([keys for keys, _ in parts]), return_inverse=True)
+        counts = np.bincount(
+            which.reshape(-1),
+            weights=np.concatenate([c for _, c in parts]),
+            minlength=len(uniques),
+        )
+        return uniques, counts.astype(np.int64)
+
+    def combine(self, parts: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
+        uniques, counts = self.merge(parts)
         self.vocabulary = uniques[counts >= self.min_frequency]
 
     def transform(self, columns: Columns) -> Columns:

@@ -32,11 +32,14 @@ class CountEncode(FeatureOp):
         self._require(columns)
         return np.bincount(columns[self.column])
 
-    def combine(self, parts: Sequence[np.ndarray]) -> None:
+    def merge(self, parts: Sequence[np.ndarray]) -> np.ndarray:
         total = np.zeros(max((len(p) for p in parts), default=0), dtype=np.int64)
         for counts in parts:
             total[: len(counts)] += counts
-        self.counts = np.log1p(total).astype(np.float32)
+        return total
+
+    def combine(self, parts: Sequence[np.ndarray]) -> None:
+        self.counts = np.log1p(self.merge(parts)).astype(np.float32)
 
     def transform(self, columns: Columns) -> Columns:
         self._require(columns)

@@ -37,8 +37,11 @@ class MultiHot(FeatureOp):
         texts = (values if found is None else found[0]).astype(str)
         return {name for joined in np.unique(texts) for name in joined.split(self.separator)}
 
+    def merge(self, parts: Sequence[set[str]]) -> set[str]:
+        return set().union(*parts)
+
     def combine(self, parts: Sequence[set[str]]) -> None:
-        names = set().union(*parts)
+        names = self.merge(parts)
         self.vocabulary = np.asarray(sorted(name for name in names if name), dtype=str)
 
     def transform(self, columns: Columns) -> Columns:

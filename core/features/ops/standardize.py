@@ -45,12 +45,20 @@ class Standardize(FeatureOp):
         squares = [ExactSums.of(j, v, n, squared=True) for j, v in enumerate(values)]
         return rows, ExactSums.merge(sums, n), ExactSums.merge(squares, n)
 
+    def merge(
+        self, parts: Sequence[tuple[int, ExactSums, ExactSums]]
+    ) -> tuple[int, ExactSums, ExactSums]:
+        n = len(self.columns)
+        return (
+            sum(part[0] for part in parts),
+            ExactSums.merge([part[1] for part in parts], n),
+            ExactSums.merge([part[2] for part in parts], n),
+        )
+
     def combine(self, parts: Sequence[tuple[int, ExactSums, ExactSums]]) -> None:
         """Mean and population standard deviation from exact sums, each rounded once."""
-        rows = sum(part[0] for part in parts)
-        n = len(self.columns)
-        sums = ExactSums.merge([part[1] for part in parts], n).fractions()
-        squares = ExactSums.merge([part[2] for part in parts], n).fractions()
+        rows, merged_sums, merged_squares = self.merge(parts)
+        sums, squares = merged_sums.fractions(), merged_squares.fractions()
         if rows == 0:
             raise ValueError(f"{self.kind} needs at least one training row")
         means = [total / rows for total in sums]

@@ -86,17 +86,27 @@ class TargetEncode(MeanTableOp):
             fold is not None,
         )
 
-    def combine(self, parts: Sequence[_Summary]) -> None:
+    def merge(self, parts: Sequence[_Summary]) -> _Summary:
         size = max(len(p.counts) for p in parts) // self.folds
-        sums = ExactSums.merge([p.sums for p in parts], size * self.folds)
-        counts = np.zeros((size, self.folds), dtype=np.int64)
+        counts = np.zeros(size * self.folds, dtype=np.int64)
         for part in parts:
-            counts.reshape(-1)[: len(part.counts)] += part.counts
+            counts[: len(part.counts)] += part.counts
+        return _Summary(
+            ExactSums.merge([p.sums for p in parts], size * self.folds),
+            counts,
+            all(p.folded for p in parts),
+        )
+
+    def combine(self, parts: Sequence[_Summary]) -> None:
+        merged = self.merge(parts)
+        size = len(merged.counts) // self.folds
+        sums = merged.sums
+        counts = merged.counts.reshape(size, self.folds)
         self.prior = self._mean(sums, int(counts.sum()), 0.0)
         id_sums = sums.regrouped(sums.keys // self.folds, size).floats()
         self.means = _blend(id_sums, counts.sum(axis=1), self.prior, self.smoothing)
         self._out_of_fold = None
-        if all(p.folded for p in parts):  # each fold's table from the other folds' rows
+        if merged.folded:  # each fold's table from the other folds' rows
             self._out_of_fold = []
             for k in range(self.folds):
                 other = sums.where(sums.keys % self.folds != k)

@@ -38,6 +38,9 @@ class Temporal(FeatureOp):
         """Nothing to learn: the features are functions of the row."""
         self._require(columns)
 
+    def merge(self, parts: Sequence[None]) -> None:
+        return None
+
     def combine(self, parts: Sequence[None]) -> None:
         return None
 

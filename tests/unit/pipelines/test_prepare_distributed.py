@@ -12,7 +12,7 @@ import pytest
 from core.errors import ConfigError
 from pipelines.data.synthetic import make_synthetic
 from pipelines.prepare import prepare
-from pipelines.prepare_distributed import _shares, merge_pieces
+from pipelines.ranking_files import merge_pieces, shares
 from pipelines.split import per_user_split
 from pipelines.storage import write_parquet
 
@@ -54,7 +54,7 @@ def test_shuffled_groups_draw_from_every_piece_in_proportion(tmp_path: Path) -> 
 def test_shares_add_up_and_never_exceed_what_is_left() -> None:
     remaining = np.array([10, 7, 0, 25, 1])
     for rows in range(1, int(remaining.sum()) + 1):
-        take = _shares(remaining, rows)
+        take = shares(remaining, rows)
         assert take.sum() == rows
         assert np.all(take <= remaining) and np.all(take >= 0)
 

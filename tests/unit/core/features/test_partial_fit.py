@@ -56,9 +56,9 @@ def test_fold_draws_in_parts_are_the_draws_of_all_rows() -> None:
     np.testing.assert_array_equal(np.concatenate(parts), whole)
 
 
-@pytest.mark.parametrize("parts", [2, 5])
+@pytest.mark.parametrize(("parts", "streamed"), [(2, False), (5, False), (5, True)])
 def test_workflow_fitted_from_parts_equals_the_whole_fit(
-    small_dataset: RawDataset, parts: int
+    small_dataset: RawDataset, parts: int, streamed: bool
 ) -> None:
     schema = small_dataset.schema
     users = AttributeTable(small_dataset.users, "user_id", schema.user_attributes)
@@ -80,10 +80,18 @@ def test_workflow_fitted_from_parts_equals_the_whole_fit(
             for p in pieces
         ]
         if isinstance(op, TargetEncode):
-            op.combine([op.partial_fit(p, f) for p, f in zip(pieces, folds, strict=True)])
+            summaries = [op.partial_fit(p, f) for p, f in zip(pieces, folds, strict=True)]
+        else:
+            summaries = [op.partial_fit(p) for p in pieces]
+        if streamed:  # one running summary, merged part after part (the streaming prepare)
+            running = summaries[0]
+            for summary in summaries[1:]:
+                running = op.merge([running, summary])
+            summaries = [running]
+        op.combine(summaries)
+        if isinstance(op, TargetEncode):
             outputs = [op.out_of_fold(p, f) for p, f in zip(pieces, folds, strict=True)]
         else:
-            op.combine([op.partial_fit(p) for p in pieces])
             outputs = [op.transform(p) for p in pieces]
         for piece, out in zip(pieces, outputs, strict=True):
             piece.update(out)
