@@ -177,6 +177,14 @@ class TrainConfig(BaseModel):
         "waits. Measured: docs/training.md.",
     )
 
+    streaming_prepare: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="The prepare step of a dataset file's data: on reads the ingested "
+        "interactions a partition at a time in bounded memory (global split and all rows "
+        "only; one process); off holds them in memory, faster on small data; auto: on above "
+        "STREAMING_ROWS (20,000,000) interactions when the other options allow it "
+        "(docs/your-data.md).",
+    )
     fit_workers: int | None = Field(
         None,
         ge=1,
@@ -200,6 +208,14 @@ class TrainConfig(BaseModel):
             raise UsageError(
                 "--fit-workers and --dask-scheduler exclude each other: give the number of "
                 "local workers or the address of a running scheduler, not both"
+            )
+        if self.streaming_prepare == "on" and (
+            self.split_protocol != "global" or self.fit_workers or self.dask_scheduler
+        ):
+            raise UsageError(
+                "--streaming-prepare on needs --split-protocol global and no "
+                "--fit-workers/--dask-scheduler: it splits each partition by its rows' hashes "
+                "in this process"
             )
         if self.split_protocol != "global" and (self.fit_workers or self.dask_scheduler):
             raise UsageError(

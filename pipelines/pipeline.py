@@ -23,6 +23,7 @@ from pipelines.evaluation.popularity_check import enforce, recorded_checks, with
 from pipelines.evaluation.report import write_report
 from pipelines.export.exporter import run_export
 from pipelines.prepare import prepare
+from pipelines.prepare_streaming import describe, ingested_rows, prepare_ingested
 from pipelines.split import (
     PERMUTATION,
     SPLIT_METHOD,
@@ -37,6 +38,7 @@ from pipelines.training.retrieval import run_retrieval
 
 DATASET_INFO = "dataset.json"
 DATA_DIRECTORY = "data"  # a dataset file's data, converted (pipelines/data/ingest.py)
+STREAMING_ROWS = 20_000_000  # --streaming-prepare auto: stream above this many interactions
 
 
 def load_dataset(
@@ -49,7 +51,7 @@ def load_dataset(
     if name == BUILT_IN[1]:
         users, items, interactions = synthetic_size
         return make_synthetic(users, items, interactions, seed=seed)
-    if name.endswith((".yaml", ".yml")) or Path(name).is_file():
+    if _is_data_file(name):
         return load_data_file(Path(name), workdir or Path("artifacts/work"))
     raise ConfigError(
         f"unknown dataset {name!r}; choose movielens or synthetic, or give a dataset file "
@@ -57,16 +59,44 @@ def load_dataset(
     )
 
 
-def load_data_file(path: Path, workdir: Path) -> RawDataset:
+def ingest_data_file(path: Path, workdir: Path) -> Path:
     """Check and convert a team's data (its dataset file: docs/your-data.md) into
-    ``workdir/data``, then load it. Bad data fails before anything is replaced."""
+    ``workdir/data`` and return that directory. Bad data fails before anything is
+    replaced."""
     dataset = load_dataset_file(path)
     target, fresh = workdir / DATA_DIRECTORY, workdir / f"{DATA_DIRECTORY}.next"
     shutil.rmtree(fresh, ignore_errors=True)
     ingest(dataset, fresh)
     shutil.rmtree(target, ignore_errors=True)
     fresh.rename(target)
-    return load_ingested(target)
+    return target
+
+
+def load_data_file(path: Path, workdir: Path) -> RawDataset:
+    """A team's data, checked and converted (``ingest_data_file``), in memory."""
+    return load_ingested(ingest_data_file(path, workdir))
+
+
+def _is_data_file(name: str) -> bool:
+    return name not in BUILT_IN and (name.endswith((".yaml", ".yml")) or Path(name).is_file())
+
+
+def streams(config: TrainConfig, base_fraction: float, rows: int) -> bool:
+    """Whether the prepare step of ingested data of ``rows`` interactions streams."""
+    if config.streaming_prepare == "on":
+        if base_fraction < 1:
+            raise ConfigError(
+                "--streaming-prepare on trains on all rows: drop --base-fraction, or use "
+                "--streaming-prepare off"
+            )
+        return True
+    allowed = (
+        config.split_protocol == "global"
+        and config.fit_workers is None
+        and config.dask_scheduler is None
+        and base_fraction >= 1
+    )
+    return config.streaming_prepare == "auto" and allowed and rows > STREAMING_ROWS
 
 
 def _source(dataset: str) -> str:
@@ -88,6 +118,55 @@ def split_for(raw: RawDataset, config: TrainConfig, method: str = SPLIT_METHOD) 
     if hashed:
         return hashed_split(rows, config.seed)
     return random_split(len(rows), config.seed)
+
+
+def _prepare(
+    dataset: str,
+    workdir: Path,
+    config: TrainConfig,
+    synthetic_size: tuple[int, int, int],
+    base_fraction: float,
+    log: Callable[[str], None],
+) -> dict:
+    """The prepare step; returns what ``dataset.json`` records of the data."""
+    if _is_data_file(dataset):
+        directory = ingest_data_file(Path(dataset), workdir)
+        if streams(config, base_fraction, ingested_rows(directory)):
+            described = describe(directory)
+            log(
+                f"{described.name}: {described.users} users, {described.items} items, "
+                f"{described.interactions} interactions (prepared a partition at a time)"
+            )
+            prepare_ingested(directory, workdir, config.seed, config.history_length, log=log)
+            return {
+                "dataset": described.name,
+                "newest_timestamp": described.newest_timestamp,
+                "data_hash": described.data_hash,
+            }
+        full = load_ingested(directory)
+    else:
+        full = load_dataset(dataset, config.seed, synthetic_size, workdir)
+    raw = oldest(full, base_fraction)
+    log(
+        f"{raw.name}: {len(raw.users)} users, {len(raw.items)} items, "
+        f"{len(raw.interactions)} interactions"
+    )
+    prepare(
+        raw,
+        workdir,
+        seed=config.seed,
+        history_length=config.history_length,
+        split=split_for(raw, config),
+        fit_workers=config.fit_workers,
+        dask_scheduler=config.dask_scheduler,
+    )
+    return {
+        "dataset": raw.name,
+        # the time watermark of what this version learnt: a retrain on logs that grew
+        # since treats newer rows as new (control/retrain/job.py)
+        "newest_timestamp": int(raw.interactions["timestamp"].max()),
+        "data_hash": raw.content_hash(),
+    }
 
 
 def quality_checks(workdir: Path) -> list[dict]:
@@ -128,29 +207,12 @@ def run_pipeline(
         started = time.perf_counter()
         log(f"== {step}")
         if step == "prepare":
-            raw = oldest(load_dataset(dataset, config.seed, synthetic_size, workdir), base_fraction)
-            log(
-                f"{raw.name}: {len(raw.users)} users, {len(raw.items)} items, "
-                f"{len(raw.interactions)} interactions"
-            )
-            prepare(
-                raw,
-                workdir,
-                seed=config.seed,
-                history_length=config.history_length,
-                split=split_for(raw, config),
-                fit_workers=config.fit_workers,
-                dask_scheduler=config.dask_scheduler,
-            )
+            info = _prepare(dataset, workdir, config, synthetic_size, base_fraction, log)
             (workdir / DATASET_INFO).write_text(
                 json.dumps(
                     {
-                        "dataset": raw.name,
+                        **info,
                         "source": _source(dataset),
-                        # the time watermark of what this version learnt: a retrain on logs
-                        # that grew since treats newer rows as new (control/retrain/job.py)
-                        "newest_timestamp": int(raw.interactions["timestamp"].max()),
-                        "data_hash": raw.content_hash(),
                         "split_protocol": config.split_protocol,
                         "split_method": SPLIT_METHOD,
                         "base_fraction": base_fraction,
