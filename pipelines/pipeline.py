@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from core.errors import ArtifactError, ConfigError
+from core.errors import ArtifactError, ConfigError, UsageError
 from pipelines.config import BUILT_IN, STEPS, TrainConfig
 from pipelines.data.dataset_file import load_dataset_file
 from pipelines.data.ingest import ingest, load_ingested
@@ -84,11 +84,6 @@ def _is_data_file(name: str) -> bool:
 def streams(config: TrainConfig, base_fraction: float, rows: int) -> bool:
     """Whether the prepare step of ingested data of ``rows`` interactions streams."""
     if config.streaming_prepare == "on":
-        if base_fraction < 1:
-            raise ConfigError(
-                "--streaming-prepare on trains on all rows: drop --base-fraction, or use "
-                "--streaming-prepare off"
-            )
         return True
     allowed = (
         config.split_protocol == "global"
@@ -200,6 +195,11 @@ def run_pipeline(
         raise ConfigError(f"unknown steps {unknown}; choose from {list(STEPS)}")
     if not 0 < base_fraction <= 1:
         raise ConfigError(f"--base-fraction must be in (0, 1], got {base_fraction}")
+    if config.streaming_prepare == "on" and base_fraction < 1:
+        raise UsageError(
+            "--streaming-prepare on trains on all rows: drop --base-fraction, or use "
+            "--streaming-prepare off"
+        )
     timings: dict[str, float] = {}
     for step in STEPS:
         if step not in steps:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from core.errors import ConfigError, UsageError
+from core.errors import UsageError
 from core.features.workflow import Workflow
 from pipelines.config import TrainConfig
 from pipelines.data.dataset_file import load_dataset_file
@@ -135,9 +136,25 @@ def test_when_the_prepare_streams() -> None:
     assert not streams(TrainConfig(split_protocol="per_user"), 1.0, 30_000_000)
     assert not streams(TrainConfig(streaming_prepare="off"), 1.0, 30_000_000)
     assert streams(TrainConfig(streaming_prepare="on"), 1.0, 10)
-    with pytest.raises(ConfigError, match="--base-fraction"):
-        streams(TrainConfig(streaming_prepare="on"), 0.5, 10)
     with pytest.raises(UsageError, match="--split-protocol global"):
         TrainConfig(streaming_prepare="on", split_protocol="per_user")
     with pytest.raises(UsageError, match="--fit-workers"):
         TrainConfig(streaming_prepare="on", fit_workers=2)
+
+
+def test_cascade_train_prepare_streams_on_request(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from cli.main import main
+
+    workdir = tmp_path / "work"
+    argv = ["train", "prepare", "--data", str(SHOP / "dataset.yaml"), "--workdir", str(workdir)]
+    assert main([*argv, "--streaming-prepare", "on"]) == 0
+    assert "interactions (prepared a partition at a time)" in capsys.readouterr().out
+    info = json.loads((workdir / "dataset.json").read_text())
+    raw = load_ingested(workdir / "data")
+    assert info["data_hash"] == raw.content_hash() and info["dataset"] == "shop"
+    assert (workdir / "retrieval.npz").is_file() and (workdir / "ranking_train.parquet").is_file()
+    assert main([*argv, "--streaming-prepare", "on", "--base-fraction", "0.5"]) == 2
+    assert "--base-fraction" in capsys.readouterr().err
+    assert info == json.loads((workdir / "dataset.json").read_text())  # nothing was redone
