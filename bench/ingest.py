@@ -5,7 +5,8 @@ For each size it generates (once, kept under ``--workdir``) parquet event logs l
 string user ids ("u0001234"), SKU item ids ("SKU-000123"), millisecond timestamps and an
 ``action`` column, with a dataset file over them. Then, each in a child process whose peak RSS
 is measured: pyarrow scanning the files (the engine-only read), and ``ingest`` of the same
-files. Each child also reports its CPU seconds (all threads): on a shared machine the CPU
+files, and the prepare step on what ingest wrote (streaming: a partition at a
+time). Each child also reports its CPU seconds (all threads): on a shared machine the CPU
 ratio swings less than the wall-clock one. Prints a line per step and, as the last line, one
 JSON object (also written to ``bench/results/ingest.json``).
 
@@ -122,6 +123,26 @@ def run_ingest(dataset: Path) -> dict[str, Any]:
     }
 
 
+def run_prepare(dataset: Path, mode: str) -> dict[str, Any]:
+    """The prepare step (``mode``: ``streaming``, a partition at a time; ``memory``, the
+    interactions loaded whole) on what ingest wrote into ``out`` (the child's work)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from pipelines.data.ingest import load_ingested
+    from pipelines.prepare import prepare
+    from pipelines.prepare_streaming import ingested_rows, prepare_ingested
+
+    ingested, workdir = dataset.parent / "out", dataset.parent / f"prepared-{mode}"
+    shutil.rmtree(workdir, ignore_errors=True)
+    started, cpu = time.perf_counter(), cpu_seconds()
+    if mode == "streaming":
+        prepare_ingested(ingested, workdir, log=lambda line: print(line, flush=True))
+    else:
+        prepare(load_ingested(ingested), workdir)
+    seconds = time.perf_counter() - started
+    shutil.rmtree(workdir)
+    return {"rows": ingested_rows(ingested), "seconds": seconds, "cpu_s": cpu_seconds() - cpu}
+
+
 def in_child(step: str, dataset: Path) -> dict[str, Any]:
     """Run ``step`` in a child process; its result, with the child's peak RSS in GB."""
     child = subprocess.Popen(
@@ -163,6 +184,12 @@ def main() -> None:
         default="0",
         help="seeds of the MovieLens parity check (bench/ingest_parity.py; empty: skip it)",
     )
+    parser.add_argument(
+        "--prepare",
+        default="streaming",
+        help="prepare steps to run after ingest, comma-separated: streaming (a partition at "
+        "a time), memory (whole; needs about 40x the rows in bytes), or empty for none",
+    )
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -170,6 +197,8 @@ def main() -> None:
         if step == "generate":  # here, so that the parent stays small
             generate(path.parent, int(path.parent.name.removeprefix("rows-")))
             result: dict[str, Any] = {}
+        elif step.startswith("prepare-"):
+            result = run_prepare(path, step.removeprefix("prepare-"))
         else:
             result = engine_read(path) if step == "read" else run_ingest(path)
         result["peak_rss_gb"] = peak_rss_gb()
@@ -203,10 +232,26 @@ def main() -> None:
             f"  engine/ingest {engine / rate:.2f}x (CPU {done['cpu_s'] / read['cpu_s']:.2f}x)",
             flush=True,
         )
+        prepared = {}
+        for mode in [m for m in args.prepare.split(",") if m.strip()]:
+            step = in_child(f"prepare-{mode}", dataset)
+            prepared[mode] = {
+                "rows_per_s": round(step["rows"] / step["seconds"]),
+                "seconds": round(step["seconds"], 1),
+                "cpu_s": round(step["cpu_s"], 1),
+                "peak_rss_gb": step["peak_rss_gb"],
+            }
+            print(
+                f"{rows:>12,} rows  prepare ({mode}) {prepared[mode]['rows_per_s']:>12,} rows/s"
+                f"  {step['seconds']:7.1f} s  {step['cpu_s']:7.1f} CPU-s"
+                f"  peak RSS {step['peak_rss_gb']:.2f} GB",
+                flush=True,
+            )
         if not args.keep_output:
             shutil.rmtree(dataset.parent / "out", ignore_errors=True)
         results.append(
             {
+                "prepare": prepared,
                 "rows": done["rows"],
                 "rows_per_s": round(rate),
                 "engine_rows_per_s": round(engine),

@@ -107,10 +107,29 @@ def describe(directory: Path) -> IngestedInfo:
     )
 
 
-def _read(partition: Partition, seed: int) -> tuple[pd.DataFrame, Split]:
-    table = pq.ParquetFile(partition.path).read_row_groups(list(partition.groups))
-    frame = table.to_pandas()
-    return frame, hashed_split(frame[list(INTERACTION_COLUMNS)], seed)
+class _Reader:
+    """Partitions read with their hashed split, computed on the first read and kept on disk
+    (a byte per row) for the passes after it."""
+
+    def __init__(self, parts: list[Partition], seed: int, scratch: Path) -> None:
+        self.parts, self.seed, self.scratch = parts, seed, scratch / "splits"
+        self.scratch.mkdir(parents=True, exist_ok=True)
+
+    def __iter__(self) -> Iterator[tuple[int, pd.DataFrame, Split]]:
+        for number, partition in enumerate(self.parts):
+            table = pq.ParquetFile(partition.path).read_row_groups(list(partition.groups))
+            frame = table.to_pandas()
+            saved = self.scratch / f"part-{number:05d}.npy"
+            if saved.is_file():
+                code = np.load(saved)
+                split = Split(*(np.flatnonzero(code == k) for k in range(len(SPLITS))))
+            else:
+                split = hashed_split(frame[list(INTERACTION_COLUMNS)], self.seed)
+                code = np.zeros(len(frame), dtype=np.uint8)
+                for k, part in enumerate((split.train, split.valid, split.test)):
+                    code[part] = k
+                np.save(saved, code)
+            yield number, frame, split
 
 
 def _folds(
@@ -140,10 +159,9 @@ def _encoded_training_rows(
 
 
 def _fit(
-    parts: list[Partition],
+    reader: _Reader,
     tables: tuple[AttributeTable, AttributeTable],
     workflow: Workflow,
-    seed: int,
     log: Callable[[str], None],
 ) -> bool:
     """Fit ``workflow`` on the training rows, one pass per stage; True when some event's
@@ -154,8 +172,7 @@ def _fit(
     for number, stage in enumerate(all_stages, 1):
         generators = _generators(workflow)
         running: list | None = None
-        for partition in parts:
-            frame, split = _read(partition, seed)
+        for _, frame, split in reader:
             if WEIGHT in frame and number == 1:
                 weighted = weighted or not bool(np.all(frame[WEIGHT].to_numpy() == 1.0))
             rows = _encoded_training_rows(
@@ -227,31 +244,68 @@ def prepare_ingested(
     log: Callable[[str], None] = print,
 ) -> Workflow:
     """``prepare`` (default hashed split of ``seed``) for the ingested data set in
-    ``directory``, a partition of about ``rows`` rows at a time."""
+    ``directory``, a partition of about ``rows`` rows at a time; its scratch files (split
+    codes, pieces, buckets) are removed at the end, also when it fails."""
     directory, workdir = Path(directory), Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    schema = read_schema(directory)
-    users = pd.read_parquet(directory / "users.parquet")
-    items = pd.read_parquet(directory / "items.parquet")
+    scratch = workdir / "prepare.scratch"
+    shutil.rmtree(scratch, ignore_errors=True)
+    try:
+        users = pd.read_parquet(directory / "users.parquet")
+        items = pd.read_parquet(directory / "items.parquet")
+        reader = _Reader(partitions(directory, rows), seed, scratch)
+        workflow = build_workflow(read_schema(directory), seed=seed)
+        buckets = _Buckets(
+            scratch / "buckets",
+            users["user_id"].to_numpy(),
+            max(1, math.ceil(ingested_rows(directory) / bucket_rows)),
+        )
+        positives = _encode(directory, workdir, reader, (users, items), workflow, buckets, log)
+        workflow.save(workdir / "workflow")
+        history = _write_online(
+            directory, workdir / "online", (users, items), buckets, workflow, history_length
+        )
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    counts = np.bincount(positives["train"][:, 1], minlength=len(items)) + 1.0
+    item_features, item_dense = item_tower_inputs(workflow, items)
+    RetrievalData(
+        user_ids=users["user_id"].to_numpy(),
+        item_ids=items["item_id"].to_numpy(),
+        user_features=user_tower_inputs(workflow, users),
+        history=history,
+        item_features=item_features,
+        item_dense=item_dense,
+        item_log_q=np.log(counts / counts.sum()).astype(np.float32),
+        positives=positives,
+    ).save(workdir / "retrieval.npz")
+    return workflow
+
+
+def _encode(
+    directory: Path,
+    workdir: Path,
+    reader: _Reader,
+    catalog: tuple[pd.DataFrame, pd.DataFrame],
+    workflow: Workflow,
+    buckets: _Buckets,
+    log: Callable[[str], None],
+) -> dict[str, np.ndarray]:
+    """Fit ``workflow``, write the ranking files and spill the rows into ``buckets``;
+    returns the retrieval positives of each split (user and item catalog positions)."""
+    users, items = catalog
+    schema = workflow.schema
     tables = (
         AttributeTable(users, "user_id", schema.user_attributes),
         AttributeTable(items, "item_id", schema.item_attributes),
     )
-    parts = partitions(directory, rows)
-    workflow = build_workflow(schema, seed=seed)
-    weighted = _fit(parts, tables, workflow, seed, log)
+    weighted = _fit(reader, tables, workflow, log)
     names = (*ranking_parquet_columns(schema), *((WEIGHT,) if weighted else ()))
-    user_ids, item_ids = users["user_id"].to_numpy(), items["item_id"].to_numpy()
-    catalog = (pd.Index(user_ids), pd.Index(item_ids))
-    scratch = workdir / "prepare.scratch"
-    shutil.rmtree(scratch, ignore_errors=True)
-    buckets = _Buckets(
-        scratch / "buckets", user_ids, max(1, math.ceil(ingested_rows(directory) / bucket_rows))
-    )
+    indexes = {"user": pd.Index(users["user_id"]), "item": pd.Index(items["item_id"])}
     positives: dict[str, list[np.ndarray]] = {name: [] for name in SPLITS}
     fitted, generators = stages(workflow.ops), _generators(workflow)
-    for number, partition in enumerate(parts):
-        frame, split = _read(partition, seed)
+    pieces = reader.scratch.parent / "pieces"
+    for number, frame, split in reader:
         for name, index in zip(SPLITS, (split.train, split.valid, split.test), strict=True):
             labelled = labelled_rows(frame.iloc[index], *tables)
             encoded = (
@@ -259,19 +313,17 @@ def prepare_ingested(
                 if name == "train"
                 else workflow.transform(labelled)
             )
-            piece = scratch / name / f"part-{number:05d}.parquet"
-            write_piece(encoded, piece, (seed, number) if name == "train" else None, names)
+            piece = pieces / name / f"part-{number:05d}.parquet"
+            write_piece(encoded, piece, (reader.seed, number) if name == "train" else None, names)
             chosen = frame.iloc[index]
             chosen = chosen[chosen["rating"] >= POSITIVE_RATING]
             positives[name].append(
                 np.stack(
                     [
                         catalog_positions(
-                            chosen["user_id"].to_numpy(), catalog[0], "user", str(directory)
-                        ),
-                        catalog_positions(
-                            chosen["item_id"].to_numpy(), catalog[1], "item", str(directory)
-                        ),
+                            chosen[f"{what}_id"].to_numpy(), indexes[what], what, str(directory)
+                        )
+                        for what in ("user", "item")
                     ],
                     axis=1,
                 )
@@ -279,55 +331,46 @@ def prepare_ingested(
         training = np.zeros(len(frame), dtype=bool)
         training[split.train] = True
         buckets.write(frame, training)
-        log(f"prepare: encoded partition {number + 1} of {len(parts)}")
+        log(f"prepare: encoded partition {number + 1} of {len(reader.parts)}")
     for name in SPLITS:
-        pieces = sorted((scratch / name).glob("part-*.parquet"))
-        rng = np.random.default_rng(seed) if name == "train" else None
-        merge_pieces(pieces, workdir / f"ranking_{name}.parquet", rng, RANKING_GROUP_ROWS)
-    workflow.save(workdir / "workflow")
+        rng = np.random.default_rng(reader.seed) if name == "train" else None
+        found = sorted((pieces / name).glob("part-*.parquet"))
+        merge_pieces(found, workdir / f"ranking_{name}.parquet", rng, RANKING_GROUP_ROWS)
+    return {name: np.concatenate(found) for name, found in positives.items()}
 
-    online = workdir / "online"
+
+def _write_online(
+    directory: Path,
+    online: Path,
+    catalog: tuple[pd.DataFrame, pd.DataFrame],
+    buckets: _Buckets,
+    workflow: Workflow,
+    history_length: int,
+) -> np.ndarray:
+    """The online tables (``prepare.write_online_tables``), histories a bucket at a time;
+    returns each catalog user's recent training positives (the towers' history)."""
+    users, items = catalog
     online.mkdir(parents=True, exist_ok=True)
     IdMap.load(directory / USER_ID_MAP).save(online / USER_ID_MAP)
     IdMap.load(directory / ITEM_ID_MAP).save(online / ITEM_ID_MAP)
     users.to_parquet(online / "users.parquet", index=False)
     items.to_parquet(online / "items.parquet", index=False)
+    user_ids = users["user_id"].to_numpy()
     history = np.zeros((len(user_ids), history_length), dtype=np.int64)
     bucket_of_user = buckets.of(user_ids)
-    histories_path = online / "histories.parquet"
     writer: pq.ParquetWriter | None = None
     try:
-        for b, rows_of_bucket in buckets.read():
-            table = pa.Table.from_pandas(
-                user_histories(rows_of_bucket, history_length), preserve_index=False
-            )
+        for b, rows in buckets.read():
+            table = pa.Table.from_pandas(user_histories(rows, history_length), preserve_index=False)
             if writer is None:
-                writer = pq.ParquetWriter(histories_path, table.schema)
+                writer = pq.ParquetWriter(online / "histories.parquet", table.schema)
             writer.write_table(table.cast(writer.schema))
             mine = np.flatnonzero(bucket_of_user == b)
+            training = rows[rows["training"].to_numpy()]
             history[mine] = recent_history(
-                workflow,
-                rows_of_bucket[rows_of_bucket["training"].to_numpy()],
-                user_ids[mine],
-                history_length,
-                str(directory),
+                workflow, training, user_ids[mine], history_length, str(directory)
             )
     finally:
         if writer is not None:
             writer.close()
-    shutil.rmtree(scratch)
-
-    joined = {name: np.concatenate(found) for name, found in positives.items()}
-    counts = np.bincount(joined["train"][:, 1], minlength=len(item_ids)) + 1.0
-    item_features, item_dense = item_tower_inputs(workflow, items)
-    RetrievalData(
-        user_ids=user_ids,
-        item_ids=item_ids,
-        user_features=user_tower_inputs(workflow, users),
-        history=history,
-        item_features=item_features,
-        item_dense=item_dense,
-        item_log_q=np.log(counts / counts.sum()).astype(np.float32),
-        positives=joined,
-    ).save(workdir / "retrieval.npz")
-    return workflow
+    return history

@@ -24,6 +24,8 @@ class AttributeTable:
 
     def lookup(self, ids: np.ndarray) -> Columns:
         """Attributes of ``ids``; unknown ids get nulls (which categorify maps to bucket 0)."""
+        if not self.columns:  # no attributes: nothing to look up
+            return {}
         ids = np.asarray(ids, dtype=np.int64)
         position = np.minimum(np.searchsorted(self.keys, ids), max(len(self.keys) - 1, 0))
         found = self.keys[position] == ids if len(self.keys) else np.zeros(len(ids), bool)
