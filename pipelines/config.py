@@ -158,6 +158,13 @@ class TrainConfig(BaseModel):
     gbm_rounds: int = Field(
         400, ge=1, description="Most boosting rounds (early stopping on validation)."
     )
+    gbm_max_rows: int = Field(
+        10_000_000,
+        ge=1,
+        description="The tree ranker learns from at most this many training rows, the first "
+        "of the shuffled training file (a random sample), held in memory; DLRM reads every "
+        "row, a batch at a time.",
+    )
     eval_users: int = Field(
         10_000,
         ge=1,

@@ -67,7 +67,18 @@ def column_names(path: Path, group: str) -> list[str]:
     return sorted(numbered, key=lambda n: int(n[len(group) + 1 :]))
 
 
-def read_columns(path: Path, names: Sequence[str]) -> Columns:
-    """Read whole columns into numpy (for small tables such as the evaluation splits)."""
-    table = pq.read_table(path, columns=list(names))
+def read_columns(path: Path, names: Sequence[str], max_rows: int | None = None) -> Columns:
+    """Read whole columns into numpy (for small tables such as the evaluation splits), or
+    their first ``max_rows`` rows, a row group at a time."""
+    if max_rows is None:
+        table = pq.read_table(path, columns=list(names))
+    else:
+        batches, rows = [], 0
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=65_536, columns=list(names)):
+            batches.append(batch.slice(0, max_rows - rows))
+            rows += batches[-1].num_rows
+            if rows >= max_rows:
+                break
+        schema = pq.read_schema(path)
+        table = pa.Table.from_batches(batches, schema=pa.schema([schema.field(n) for n in names]))
     return {name: table.column(name).to_numpy() for name in names}

@@ -59,14 +59,16 @@ def split_groups(path: Path, schema: FeatureSchema) -> dict[str, list[str]]:
     return groups
 
 
-def ranking_inputs(path: Path, schema: FeatureSchema) -> dict[str, np.ndarray]:
-    """A whole split as ``sparse [n, T]`` int64, ``dense [n, D]`` float32, ``label [n]``
-    and, when it has them, ``weight [n]``."""
+def ranking_inputs(
+    path: Path, schema: FeatureSchema, max_rows: int | None = None
+) -> dict[str, np.ndarray]:
+    """A whole split (or its first ``max_rows`` rows) as ``sparse [n, T]`` int64, ``dense
+    [n, D]`` float32, ``label [n]`` and, when it has them, ``weight [n]``."""
     groups = split_groups(path, schema)
     names = {
         out: [c for g in group for c in column_names(path, g)] for out, group in groups.items()
     }
-    columns = read_columns(path, [c for group in names.values() for c in group])
+    columns = read_columns(path, [c for group in names.values() for c in group], max_rows)
     inputs: dict[str, np.ndarray] = {
         "sparse": np.stack([columns[c] for c in names["sparse"]], axis=1).astype(np.int64),
         "dense": np.stack([columns[c] for c in names["dense"]], axis=1).astype(np.float32),
@@ -212,7 +214,8 @@ def run_ranking(
     schema = workflow.schema
     test = ranking_inputs(workdir / "ranking_test.parquet", schema)
 
-    train = ranking_inputs(workdir / "ranking_train.parquet", schema)
+    # the training file's row groups are random samples: its first rows are one too
+    train = ranking_inputs(workdir / "ranking_train.parquet", schema, config.gbm_max_rows)
     tree = TreeRanker()
     picked = categorical_positions(schema.sparse_columns, tree_categorical(workflow))
     train_x, categorical = tree_features(train, picked)
