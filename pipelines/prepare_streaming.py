@@ -62,7 +62,7 @@ from pipelines.prepare import (
 from pipelines.ranking_files import RANKING_GROUP_ROWS, merge_pieces, write_piece
 from pipelines.split import POSITIVE_RATING, Split, hashed_split
 
-BUCKET_ROWS = 1 << 23  # interactions per user bucket, about: the most held at once for histories
+BUCKET_ROWS = 1 << 21  # interactions per user bucket, about: the most held at once for histories
 SPILLED = ("user_id", "item_id", "rating", "timestamp")
 
 
@@ -265,6 +265,7 @@ def prepare_ingested(
         history = _write_online(
             directory, workdir / "online", (users, items), buckets, workflow, history_length
         )
+        log(f"prepare: wrote the histories of {len(users)} users ({buckets.count} buckets)")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     counts = np.bincount(positives["train"][:, 1], minlength=len(items)) + 1.0
@@ -336,6 +337,7 @@ def _encode(
         rng = np.random.default_rng(reader.seed) if name == "train" else None
         found = sorted((pieces / name).glob("part-*.parquet"))
         merge_pieces(found, workdir / f"ranking_{name}.parquet", rng, RANKING_GROUP_ROWS)
+        log(f"prepare: wrote ranking_{name}.parquet")
     return {name: np.concatenate(found) for name, found in positives.items()}
 
 

@@ -11,6 +11,7 @@ all training rows (stratified by piece): what the loader's shuffle buffer relies
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +50,13 @@ def shares(remaining: np.ndarray, rows: int) -> np.ndarray:
     return take
 
 
+def _row_groups(piece: pq.ParquetFile) -> Iterator[pa.Table]:
+    """The piece's row groups, each read when asked for (``iter_batches`` reads ahead: 26
+    pieces of 1.5M rows held 2.3 GB more)."""
+    for group in range(piece.num_row_groups):
+        yield piece.read_row_group(group)
+
+
 def merge_pieces(
     pieces: list[Path], path: Path, rng: np.random.Generator | None, group_rows: int
 ) -> None:
@@ -57,12 +65,12 @@ def merge_pieces(
     to what it has left and permuted. Holds about one row group per piece in memory."""
     files = [pq.ParquetFile(p) for p in pieces]
     remaining = np.array([f.metadata.num_rows for f in files], dtype=np.int64)
-    batches = [f.iter_batches(batch_size=group_rows) for f in files]
+    batches = [_row_groups(f) for f in files]
     buffers = [f.schema_arrow.empty_table() for f in files]
 
     def take(i: int, rows: int) -> pa.Table:
         while buffers[i].num_rows < rows:
-            buffers[i] = pa.concat_tables([buffers[i], pa.Table.from_batches([next(batches[i])])])
+            buffers[i] = pa.concat_tables([buffers[i], next(batches[i])])
         out, buffers[i] = buffers[i].slice(0, rows), buffers[i].slice(rows)
         return out
 
