@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from core.item_neighbors import DEFAULT_SHARE
-from services.util.redis_client import is_cluster
+from services.util.redis_client import is_cluster, is_sentinel, sentinel_target
 
 
 class BreakerSettings(BaseModel):
@@ -38,8 +38,9 @@ class RedisSettings(BaseModel):
     durable_url: str | None = Field(
         None,
         description="Durable role: feedback and impression streams, answers, registry, desired "
-        "state, rollout log, retrain queue. One Redis (AOF, a replica), never a Cluster; "
-        "unset = url.",
+        "state, rollout log, retrain queue. One Redis (AOF, a replica), never a Cluster: "
+        "redis://host:port/db, or redis+sentinel://host:26379,host:26379/service/db for a "
+        "primary whose replica Sentinels promote (docs/redis.md); unset = url.",
     )
     timeout_ms: float = Field(25.0, gt=0, description="Per-call timeout of the request path.")
     feedback_timeout_ms: float = Field(
@@ -72,6 +73,13 @@ class RedisSettings(BaseModel):
                 "redis.durable_url must be one Redis (redis:// or rediss://), not a Cluster: "
                 "the streams' appends are scripts over keys of several slots"
             )
+        if self.url and is_sentinel(self.url):
+            raise ValueError(
+                "redis.url takes redis:// or redis+cluster:// (the rebuildable role); a "
+                "Sentinel-watched Redis (redis+sentinel://) goes in redis.durable_url"
+            )
+        if self.durable_url and is_sentinel(self.durable_url):
+            sentinel_target(self.durable_url)  # a malformed one fails here, naming why
         if self.url and is_cluster(self.url) and not self.durable_url:
             raise ValueError(
                 "redis.url is a Redis Cluster: set redis.durable_url to one Redis for the "

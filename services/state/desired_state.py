@@ -25,7 +25,7 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from core.errors import CascadeError
-from services.util.redis_client import LazyRedis
+from services.util.redis_client import LazyRedis, async_client
 
 log = logging.getLogger(__name__)
 
@@ -166,11 +166,7 @@ class RedisDesiredState(LazyRedis, DesiredStateStore):
         deadline = time.monotonic() + timeout_s
         try:
             if self._watch is None:
-                import redis.asyncio
-
-                client = redis.asyncio.Redis.from_url(
-                    self.url, socket_connect_timeout=self.timeout_s
-                )
+                client = async_client(self.url, socket_connect_timeout=self.timeout_s)
                 self._watch = client.pubsub(ignore_subscribe_messages=True)
                 await self._watch.subscribe(self.channel)
                 self._watch_failed = False

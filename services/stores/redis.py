@@ -34,7 +34,7 @@ from services.stores.base import (
     unpack_ids,
     validate_event,
 )
-from services.util.redis_client import is_cluster, node_url
+from services.util.redis_client import async_client, is_cluster, node_url
 
 WRITE_BATCH = 500
 HEALTH_CHECK_S = 5  # a pooled connection idle longer than this is PINGed before use
@@ -121,13 +121,13 @@ class RedisStore(OnlineStore):
         }
 
     async def start(self) -> None:
-        self._durable = aioredis.Redis.from_url(self.durable_url, **self._options())
+        self._durable = async_client(self.durable_url, **self._options())
         if self.cluster:  # a pool of max_connections per node, routed by each key's slot
             self._client = aioredis.RedisCluster.from_url(node_url(self.url), **self._options())
         elif self.url == self.durable_url:
             self._client = self._durable
         else:
-            self._client = aioredis.Redis.from_url(self.url, **self._options())
+            self._client = async_client(self.url, **self._options())
         self._append = self._durable.register_script(APPEND_FEEDBACK)
 
     async def close(self) -> None:
