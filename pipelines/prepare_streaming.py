@@ -15,8 +15,9 @@ Equal to ``prepare`` on the same data: the workflow, the validation and test ran
 ``retrieval.npz`` and the online tables (tested). The training ranking file holds the same
 rows in another order (each row group a random sample, as on a Dask cluster).
 
-Memory: one partition's rows, one bucket, the catalog (users, items, id maps), the fitted
-workflow and the retrieval positives (two int64 per positive: the towers train on them).
+Memory: one partition's rows, one bucket, the catalog (users, items, id maps) and the fitted
+workflow. The retrieval positives go to disk a partition at a time and into ``retrieval.npz``
+a piece at a time (the towers, which train on them, hold them: 16 bytes per positive).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import hashlib
 import json
 import math
 import shutil
+import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -266,21 +268,37 @@ def prepare_ingested(
             directory, workdir / "online", (users, items), buckets, workflow, history_length
         )
         log(f"prepare: wrote the histories of {len(users)} users ({buckets.count} buckets)")
+        counts = np.ones(len(items))
+        for piece in positives["train"]:
+            counts += np.bincount(np.load(piece)[:, 1], minlength=len(items))
+        item_features, item_dense = item_tower_inputs(workflow, items)
+        RetrievalData(
+            user_ids=users["user_id"].to_numpy(),
+            item_ids=items["item_id"].to_numpy(),
+            user_features=user_tower_inputs(workflow, users),
+            history=history,
+            item_features=item_features,
+            item_dense=item_dense,
+            item_log_q=np.log(counts / counts.sum()).astype(np.float32),
+            positives={},
+        ).save(workdir / "retrieval.npz")
+        _append_positives(workdir / "retrieval.npz", positives)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    counts = np.bincount(positives["train"][:, 1], minlength=len(items)) + 1.0
-    item_features, item_dense = item_tower_inputs(workflow, items)
-    RetrievalData(
-        user_ids=users["user_id"].to_numpy(),
-        item_ids=items["item_id"].to_numpy(),
-        user_features=user_tower_inputs(workflow, users),
-        history=history,
-        item_features=item_features,
-        item_dense=item_dense,
-        item_log_q=np.log(counts / counts.sum()).astype(np.float32),
-        positives=positives,
-    ).save(workdir / "retrieval.npz")
     return workflow
+
+
+def _append_positives(path: Path, pieces: dict[str, list[Path]]) -> None:
+    """Add each split's positives to the ``.npz`` at ``path`` as ``RetrievalData.save`` would
+    (an uncompressed ``positives_<split>.npy`` member), written a piece at a time."""
+    with zipfile.ZipFile(path, "a", allowZip64=True) as archive:
+        for name, files in pieces.items():
+            rows = sum(np.load(f, mmap_mode="r").shape[0] for f in files)
+            header = {"descr": np.dtype(np.int64).str, "fortran_order": False, "shape": (rows, 2)}
+            with archive.open(f"positives_{name}.npy", "w", force_zip64=True) as member:
+                np.lib.format.write_array_header_1_0(member, header)
+                for f in files:
+                    member.write(np.ascontiguousarray(np.load(f), dtype=np.int64).tobytes())
 
 
 def _encode(
@@ -291,9 +309,10 @@ def _encode(
     workflow: Workflow,
     buckets: _Buckets,
     log: Callable[[str], None],
-) -> dict[str, np.ndarray]:
+) -> dict[str, list[Path]]:
     """Fit ``workflow``, write the ranking files and spill the rows into ``buckets``;
-    returns the retrieval positives of each split (user and item catalog positions)."""
+    returns the files of each split's retrieval positives (user and item catalog positions,
+    a file per partition, in row order)."""
     users, items = catalog
     schema = workflow.schema
     tables = (
@@ -303,7 +322,7 @@ def _encode(
     weighted = _fit(reader, tables, workflow, log)
     names = (*ranking_parquet_columns(schema), *((WEIGHT,) if weighted else ()))
     indexes = {"user": pd.Index(users["user_id"]), "item": pd.Index(items["item_id"])}
-    positives: dict[str, list[np.ndarray]] = {name: [] for name in SPLITS}
+    positives: dict[str, list[Path]] = {name: [] for name in SPLITS}
     fitted, generators = stages(workflow.ops), _generators(workflow)
     pieces = reader.scratch.parent / "pieces"
     for number, frame, split in reader:
@@ -318,17 +337,17 @@ def _encode(
             write_piece(encoded, piece, (reader.seed, number) if name == "train" else None, names)
             chosen = frame.iloc[index]
             chosen = chosen[chosen["rating"] >= POSITIVE_RATING]
-            positives[name].append(
-                np.stack(
-                    [
-                        catalog_positions(
-                            chosen[f"{what}_id"].to_numpy(), indexes[what], what, str(directory)
-                        )
-                        for what in ("user", "item")
-                    ],
-                    axis=1,
-                )
+            pairs = np.stack(
+                [
+                    catalog_positions(
+                        chosen[f"{what}_id"].to_numpy(), indexes[what], what, str(directory)
+                    )
+                    for what in ("user", "item")
+                ],
+                axis=1,
             )
+            positives[name].append(pieces / name / f"positives-{number:05d}.npy")
+            np.save(positives[name][-1], pairs)
         training = np.zeros(len(frame), dtype=bool)
         training[split.train] = True
         buckets.write(frame, training)
@@ -338,7 +357,7 @@ def _encode(
         found = sorted((pieces / name).glob("part-*.parquet"))
         merge_pieces(found, workdir / f"ranking_{name}.parquet", rng, RANKING_GROUP_ROWS)
         log(f"prepare: wrote ranking_{name}.parquet")
-    return {name: np.concatenate(found) for name, found in positives.items()}
+    return positives
 
 
 def _write_online(
