@@ -58,7 +58,6 @@ class GroupMean(MeanTableOp):
 
     def combine(self, parts: Sequence[tuple[ExactSums, np.ndarray]]) -> None:
         sums, counts = self.merge(parts)
-        size = len(counts)
         known = int(counts.sum())
         total = sums.regrouped(np.zeros(len(sums.keys), np.int64), 1).fractions()[0]
         self.prior = float(total / known) if known else 0.0

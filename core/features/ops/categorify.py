@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from core.features.ops.base import Columns, FeatureOp
-from core.features.ops.distinct import distinct
+from core.features.ops.distinct import MIN_ROWS, distinct
 
 NULL_ID = 0
 OOV_ID = 1
@@ -51,7 +51,16 @@ class Categorify(FeatureOp):
         self.column = column
         self.min_frequency = min_frequency
         self.numeric = numeric
-        self.vocabulary: np.ndarray | None = None
+        self._vocabulary: np.ndarray | None = None
+        self._integers: pd.Index | bool | None = None  # see _integer_positions
+
+    @property
+    def vocabulary(self) -> np.ndarray | None:
+        return self._vocabulary
+
+    @vocabulary.setter
+    def vocabulary(self, value: np.ndarray | None) -> None:
+        self._vocabulary, self._integers = value, None
 
     @property
     def inputs(self) -> list[str]:
@@ -88,13 +97,15 @@ class Categorify(FeatureOp):
     ) -> tuple[np.ndarray, np.ndarray]:
         if len(parts) == 1:
             return parts[0]
-        uniques, which = np.unique(np.concatenate([keys for keys, _ in parts]), return_inverse=True)
-        counts = np.bincount(
-            which.reshape(-1),
-            weights=np.concatenate([c for _, c in parts]),
-            minlength=len(uniques),
-        )
-        return uniques, counts.astype(np.int64)
+        # every part is sorted (np.unique's, or a merge's): a stable sort (timsort) finds the
+        # runs and merges them in linear time, where np.unique would sort from scratch
+        keys = np.concatenate([keys for keys, _ in parts])
+        order = np.argsort(keys, kind="stable")
+        keys, counts = keys[order], np.concatenate([c for _, c in parts]).astype(np.int64)[order]
+        if not len(keys):
+            return keys, counts
+        starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+        return keys[starts], np.add.reduceat(counts, starts)
 
     def combine(self, parts: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
         uniques, counts = self.merge(parts)
@@ -110,8 +121,31 @@ class Categorify(FeatureOp):
         uniques, codes = found
         return {self.outputs[0]: self._ids(uniques)[codes]}
 
+    def _integer_positions(self, values: np.ndarray) -> np.ndarray | None:
+        """Vocabulary positions (-1: absent) of integer ``values`` by a hash of the integers,
+        when every vocabulary entry is an integer written plainly: the positions their text
+        would find, without writing millions of integers as text and searching sorted text
+        (an integer id column of a data set). None when that does not hold."""
+        if self.numeric or values.dtype.kind not in "iu" or len(values) < MIN_ROWS:
+            return None
+        if self._integers is None:
+            assert self.vocabulary is not None, "fit first"
+            try:
+                numbers = self.vocabulary.astype(np.int64)
+                plain = bool(np.array_equal(numbers.astype(str), self.vocabulary))
+            except (ValueError, OverflowError):
+                plain = False
+            self._integers = pd.Index(numbers) if plain else False
+        if self._integers is False:
+            return None
+        assert isinstance(self._integers, pd.Index)
+        return np.asarray(self._integers.get_indexer(values))  # type: ignore[arg-type]
+
     def _ids(self, values: np.ndarray) -> np.ndarray:
         assert self.vocabulary is not None, "fit first"
+        position = self._integer_positions(np.asarray(values))
+        if position is not None:
+            return np.where(position >= 0, position + FIRST_ID, OOV_ID).astype(np.int64)
         keys, null = _keys(values, self.numeric)
         ids = np.full(keys.shape, OOV_ID, dtype=np.int64)
         if len(self.vocabulary):

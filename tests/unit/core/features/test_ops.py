@@ -195,3 +195,22 @@ def test_distinct_values_gather_back_to_the_rows_and_never_merge_texts() -> None
     assert distinct(columns["floats"]) is None
     assert distinct(columns["floats"], exact_text=False) is not None
     assert distinct(columns["ids"][: MIN_ROWS - 1]) is None  # a small batch: encoded directly
+
+
+def test_integer_ids_are_looked_up_as_their_text_would_be() -> None:
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1, 50_000, 20_000)
+    plain = Categorify("user_id")
+    plain.fit({"user_id": ids[:10_000]})
+    by_text = plain._ids(ids.astype(str).astype(object))  # the text path, row by row
+    np.testing.assert_array_equal(plain.transform({"user_id": ids})["user_id_idx"], by_text)
+    assert plain._integers is not False and plain._integers is not None
+    odd = Categorify("user_id")  # "007" is not how 7 is written: the text path decides
+    odd.fit({"user_id": np.array(["007", "12", *map(str, range(20, 5_000))], dtype=object)})
+    column = np.array([7, 12, *range(20, 5_000)] * 2)
+    encoded = odd.transform({"user_id": column})["user_id_idx"]
+    np.testing.assert_array_equal(encoded, odd._ids(column.astype(str).astype(object)))
+    assert encoded[0] == OOV_ID and encoded[1] > OOV_ID  # 7 is not "007"; 12 is "12"
+    assert odd._integers is False
+    odd.vocabulary = np.array(["7"])  # a new vocabulary is looked at again
+    assert odd._integers is None
