@@ -189,8 +189,7 @@ class TrainConfig(BaseModel):
         description="The prepare step of a dataset file's data: on reads the ingested "
         "interactions a partition at a time in bounded memory (global split and all rows "
         "only; one process); off holds them in memory (about 10 % faster, 270 bytes per "
-        "interaction); auto: on above "
-        "STREAMING_ROWS (20,000,000) interactions when the other options allow it "
+        "interaction); auto: on above 20,000,000 interactions when the other options allow it "
         "(docs/your-data.md).",
     )
     fit_workers: int | None = Field(
