@@ -188,9 +188,9 @@ class TrainConfig(BaseModel):
         "auto",
         description="The prepare step of a dataset file's data: on reads the ingested "
         "interactions a partition at a time in bounded memory (global split and all rows "
-        "only; one process); off holds them in memory (about 10 % faster, 270 bytes per "
+        "only; one process); off holds them in memory (about a tenth faster; 270 bytes per "
         "interaction); auto: on above 20,000,000 interactions when the other options allow it "
-        "(docs/your-data.md).",
+        "(docs/your-data.md). Not for cascade retrain.",
     )
     fit_workers: int | None = Field(
         None,

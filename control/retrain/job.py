@@ -221,6 +221,11 @@ def run_retrain(
             "its holdout split chooses rows by time over the whole data set, and each "
             "worker sees only its own partition (docs/scaling-out.md)"
         )
+    if options.config.streaming_prepare == "on":
+        raise UsageError(
+            "--streaming-prepare on: cascade retrain prepares in memory: its holdout split "
+            "chooses rows by time over the whole data set"
+        )
     gate_config = load_gate_config(options.gate_config)
     root = options.artifacts
     state_dir = StateDir(options.state_dir or root / "retrain")

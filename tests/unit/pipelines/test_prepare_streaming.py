@@ -158,3 +158,14 @@ def test_cascade_train_prepare_streams_on_request(
     assert main([*argv, "--streaming-prepare", "on", "--base-fraction", "0.5"]) == 2
     assert "--base-fraction" in capsys.readouterr().err
     assert info == json.loads((workdir / "dataset.json").read_text())  # nothing was redone
+
+
+def test_cascade_retrain_refuses_the_streaming_prepare(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cli.main import main
+
+    monkeypatch.delenv("CASCADE_REDIS__URL", raising=False)  # the file registry
+    argv = ["retrain", "--dataset", "synthetic", "--artifacts", str(tmp_path)]
+    assert main([*argv, "--streaming-prepare", "on"]) == 2
+    assert "cascade retrain prepares in memory" in capsys.readouterr().err
