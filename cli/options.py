@@ -156,7 +156,7 @@ def add_config_options(parser: argparse.ArgumentParser, config: type[BaseModel])
     description as help (and its default, unless the description says what it is);
     unset options keep the config's value."""
     for name, field in config.model_fields.items():
-        text = field.description or ""
+        text = (field.description or "").replace("%", "%%")  # argparse formats help with %
         if "default" not in text.lower():
             text = f"{text} (default: {field.default})"
         kind = _option_type(field.annotation)

@@ -124,3 +124,14 @@ def test_an_unwritable_directory_is_named(tmp_path: Path) -> None:
         writable_dir(tmp_path / "file" / "x")
     assert refused.value.filename == str(tmp_path / "file" / "x")
     assert refused.value.strerror == "Not a directory"
+
+
+def test_a_percent_sign_in_a_description_is_help_text() -> None:
+    from pydantic import BaseModel, Field
+
+    class Config(BaseModel):
+        share: float = Field(0.1, description="Share of rows, about 10 % of them.")
+
+    parser = argparse.ArgumentParser()
+    opt.add_config_options(parser, Config)
+    assert "about 10 % of them. (default: 0.1)" in " ".join(parser.format_help().split())
