@@ -61,7 +61,7 @@ def cpu_seconds() -> float:
 
 def generate(directory: Path, rows: int) -> None:
     from pipelines.data.synthetic import make_synthetic
-    from pipelines.features_distributed import write_partitions
+    from pipelines.partitions import write_partitions
 
     if (directory / "schema.json").exists():
         return
@@ -77,7 +77,7 @@ def fit_in_memory(directory: Path) -> dict[str, Any]:
 
     from core.features.rows import AttributeTable, labelled_rows
     from core.features.spec import build_workflow
-    from pipelines.features_distributed import read_schema
+    from pipelines.partitions import read_schema
     from pipelines.split import hashed_split
 
     started, cpu = time.perf_counter(), time.process_time()
@@ -110,13 +110,14 @@ def fit_on_dask(directory: Path, workers: int) -> dict[str, Any]:
 
     from core.features.spec import build_workflow
     from pipelines import features_distributed as fd
+    from pipelines.partitions import read_schema
 
     started = time.perf_counter()
     with fd.dask_client(workers) as client:
         client.run(lambda: None)  # every worker up
         ready, cpu = time.perf_counter(), time.process_time()
         before = client.run(cpu_seconds)
-        workflow = build_workflow(fd.read_schema(directory), seed=0)
+        workflow = build_workflow(read_schema(directory), seed=0)
         size = partition_rows(data_rows(directory))
         rows = fd.load_rows(client, directory, "train", 0, rows=size)
         encoded = fd.fit(client, rows, workflow)

@@ -37,10 +37,7 @@ from pipelines.partitions import (
     read_schema,
     stages,
     training_outputs,
-    write_partitions,
 )
-
-__all__ = ["PARTITION_ROWS", "SPLIT_PARTS", "read_schema", "write_partitions"]  # used from here
 
 
 @contextmanager

@@ -29,6 +29,7 @@ from core.errors import ConfigError
 from core.features.workflow import Workflow
 from pipelines import features_distributed as fd
 from pipelines.data.schema import RawDataset
+from pipelines.partitions import PARTITION_ROWS, SPLIT_PARTS, write_partitions
 from pipelines.ranking_files import RANKING_GROUP_ROWS, merge_pieces, write_piece
 from pipelines.split import Split, hashed_split
 
@@ -36,7 +37,7 @@ PARTITIONS_PER_WORKER = 4  # small data sets: still a few partitions for every w
 
 
 def same_split(left: Split, right: Split) -> bool:
-    return all(np.array_equal(getattr(left, part), getattr(right, part)) for part in fd.SPLIT_PARTS)
+    return all(np.array_equal(getattr(left, part), getattr(right, part)) for part in SPLIT_PARTS)
 
 
 def _write_split(
@@ -96,10 +97,10 @@ def _fit_and_write(
     the fit, and the three ranking files; the partitions are removed after."""
     workers = max(1, len(client.scheduler_info()["workers"]))
     rows = math.ceil(max(len(dataset.interactions), 1) / (workers * PARTITIONS_PER_WORKER))
-    rows = min(fd.PARTITION_ROWS, rows)
+    rows = min(PARTITION_ROWS, rows)
     partitions = workdir / "fit_partitions"
     shutil.rmtree(partitions, ignore_errors=True)
-    fd.write_partitions(dataset, partitions, file_rows=rows, group_rows=rows)
+    write_partitions(dataset, partitions, file_rows=rows, group_rows=rows)
     try:
         train = fd.fit(client, fd.load_rows(client, partitions, "train", seed, rows=rows), workflow)
         _write_split(client, train, workdir, "train", seed, names)

@@ -22,6 +22,7 @@ from pipelines.data.dataset_file import load_dataset_file
 from pipelines.data.ingest import ingest, load_ingested
 from pipelines.data.schema import RawDataset
 from pipelines.data.synthetic import make_synthetic
+from pipelines.partitions import read_schema, write_partitions
 from pipelines.split import hashed_split
 
 pytestmark = pytest.mark.integration
@@ -73,7 +74,7 @@ def _assert_rows(expected: Columns, parts: list[Columns]) -> None:
 
 def _check(client: Client, directory: Path, dataset: RawDataset, rows: int) -> None:
     expected, train, valid = _in_memory(dataset, SEED)
-    workflow = build_workflow(distributed.read_schema(directory), seed=SEED)
+    workflow = build_workflow(read_schema(directory), seed=SEED)
     parts = distributed.load_rows(client, directory, "train", SEED, rows=rows)
     assert len(parts) >= 4  # several partitions, spread over both workers
     encoded = distributed.fit(client, parts, workflow)
@@ -105,7 +106,7 @@ def test_shop_sample_fits_the_same_on_the_cluster(client: Client, tmp_path: Path
 
 def test_synthetic_fits_the_same_on_the_cluster(client: Client, tmp_path: Path) -> None:
     dataset = make_synthetic(n_users=800, n_items=600, n_interactions=40_000, seed=2)
-    distributed.write_partitions(dataset, tmp_path, file_rows=15_000, group_rows=5_000)
+    write_partitions(dataset, tmp_path, file_rows=15_000, group_rows=5_000)
     _check(client, tmp_path, dataset, rows=5_000)
     expected, _, _ = _in_memory(dataset, SEED)
     _assert_same(expected, distributed.fit_ingested(client, tmp_path, seed=SEED, rows=5_000))
@@ -124,7 +125,7 @@ def test_stages_group_ops_that_read_no_output_of_each_other() -> None:
 
 def test_partitions_are_whole_row_groups_in_file_order(tmp_path: Path) -> None:
     dataset = make_synthetic(n_users=50, n_items=40, n_interactions=1_000, seed=1)
-    distributed.write_partitions(dataset, tmp_path, file_rows=600, group_rows=100)
+    write_partitions(dataset, tmp_path, file_rows=600, group_rows=100)
     parts = distributed.partitions(tmp_path, rows=250)
     assert [(p.path.name, p.groups) for p in parts] == [
         ("part-00000.parquet", (0, 1)),
@@ -139,7 +140,7 @@ def test_bad_input_is_named(client: Client, tmp_path: Path) -> None:
     with pytest.raises(DataError, match="not an ingested data set"):
         distributed.partitions(tmp_path)
     with pytest.raises(DataError, match=r"schema\.json"):
-        distributed.read_schema(tmp_path)
+        read_schema(tmp_path)
     with pytest.raises(ValueError, match="part must be one of"):
         distributed.load_rows(client, tmp_path, "holdout")
     with (
@@ -152,7 +153,7 @@ def test_bad_input_is_named(client: Client, tmp_path: Path) -> None:
 def test_a_running_scheduler_is_reached_by_its_address(tmp_path: Path) -> None:
     """``scheduler=`` connects to a cluster started elsewhere (here: one worker process)."""
     dataset = make_synthetic(n_users=60, n_items=50, n_interactions=2_000, seed=3)
-    distributed.write_partitions(dataset, tmp_path, file_rows=1_000, group_rows=500)
+    write_partitions(dataset, tmp_path, file_rows=1_000, group_rows=500)
     with LocalCluster(
         n_workers=1, threads_per_worker=1, host="127.0.0.1", dashboard_address=None
     ) as cluster:
