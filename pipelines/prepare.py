@@ -102,6 +102,28 @@ def catalog_positions(
     return positions.astype(np.int64)
 
 
+def positive_pairs(
+    interactions: pd.DataFrame, catalog: tuple[pd.Index, pd.Index], source: str
+) -> np.ndarray:
+    """``[n, 2]`` catalog positions (user, item) of the positives among ``interactions``, in
+    row order (``catalog``: the indexes of the user and item ids)."""
+    chosen = interactions[interactions["rating"] >= POSITIVE_RATING]
+    return np.stack(
+        [
+            catalog_positions(chosen[f"{what}_id"].to_numpy(), index, what, source)
+            for what, index in zip(("user", "item"), catalog, strict=True)
+        ],
+        axis=1,
+    )
+
+
+def item_log_q(positive_counts: np.ndarray) -> np.ndarray:
+    """Each item's log sampling probability as a training positive, from its count of
+    training positives (add-one smoothed, so no item has probability 0)."""
+    counts = positive_counts + 1.0
+    return np.log(counts / counts.sum()).astype(np.float32)
+
+
 def user_tower_inputs(workflow: Workflow, users: pd.DataFrame) -> np.ndarray:
     """``[n, len(user_tower_columns)]`` ids for raw user rows (used offline and online)."""
     schema = workflow.schema
@@ -264,18 +286,11 @@ def prepare(
     user_ids = dataset.users["user_id"].to_numpy()
     item_ids = dataset.items["item_id"].to_numpy()
     item_features, item_dense = item_tower_inputs(workflow, dataset.items)
-    positives = {}
-    for name, part in zip(SPLITS, (split.train, split.valid, split.test), strict=True):
-        chosen = dataset.interactions.iloc[part]
-        chosen = chosen[chosen["rating"] >= POSITIVE_RATING]
-        positives[name] = np.stack(
-            [
-                catalog_positions(chosen["user_id"].to_numpy(), user_ids, "user", dataset.name),
-                catalog_positions(chosen["item_id"].to_numpy(), item_ids, "item", dataset.name),
-            ],
-            axis=1,
-        )
-    counts = np.bincount(positives["train"][:, 1], minlength=len(item_ids)) + 1.0
+    catalog = (pd.Index(user_ids), pd.Index(item_ids))
+    positives = {
+        name: positive_pairs(dataset.interactions.iloc[part], catalog, dataset.name)
+        for name, part in zip(SPLITS, (split.train, split.valid, split.test), strict=True)
+    }
     RetrievalData(
         user_ids=user_ids,
         item_ids=item_ids,
@@ -285,7 +300,7 @@ def prepare(
         ),
         item_features=item_features,
         item_dense=item_dense,
-        item_log_q=np.log(counts / counts.sum()).astype(np.float32),
+        item_log_q=item_log_q(np.bincount(positives["train"][:, 1], minlength=len(item_ids))),
         positives=positives,
     ).save(workdir / "retrieval.npz")
     return workflow

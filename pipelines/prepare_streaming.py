@@ -54,15 +54,16 @@ from pipelines.partitions import (
 from pipelines.prepare import (
     SPLITS,
     RetrievalData,
-    catalog_positions,
+    item_log_q,
     item_tower_inputs,
+    positive_pairs,
     ranking_parquet_columns,
     recent_history,
     user_histories,
     user_tower_inputs,
 )
 from pipelines.ranking_files import RANKING_GROUP_ROWS, merge_pieces, write_piece
-from pipelines.split import POSITIVE_RATING, Split, hashed_split
+from pipelines.split import Split, hashed_split
 
 BUCKET_ROWS = 1 << 21  # interactions per user bucket, about: the most held at once for histories
 SPILLED = ("user_id", "item_id", "rating", "timestamp")
@@ -114,14 +115,14 @@ class _Reader:
     (a byte per row) for the passes after it."""
 
     def __init__(self, parts: list[Partition], seed: int, scratch: Path) -> None:
-        self.parts, self.seed, self.scratch = parts, seed, scratch / "splits"
-        self.scratch.mkdir(parents=True, exist_ok=True)
+        self.parts, self.seed, self.codes = parts, seed, scratch / "splits"
+        self.codes.mkdir(parents=True, exist_ok=True)
 
     def __iter__(self) -> Iterator[tuple[int, pd.DataFrame, Split]]:
         for number, partition in enumerate(self.parts):
             table = pq.ParquetFile(partition.path).read_row_groups(list(partition.groups))
             frame = table.to_pandas()
-            saved = self.scratch / f"part-{number:05d}.npy"
+            saved = self.codes / f"part-{number:05d}.npy"
             if saved.is_file():
                 code = np.load(saved)
                 split = Split(*(np.flatnonzero(code == k) for k in range(len(SPLITS))))
@@ -262,13 +263,15 @@ def prepare_ingested(
             users["user_id"].to_numpy(),
             max(1, math.ceil(ingested_rows(directory) / bucket_rows)),
         )
-        positives = _encode(directory, workdir, reader, (users, items), workflow, buckets, log)
+        positives = _encode(
+            directory, workdir, scratch, reader, (users, items), workflow, buckets, log
+        )
         workflow.save(workdir / "workflow")
         history = _write_online(
             directory, workdir / "online", (users, items), buckets, workflow, history_length
         )
         log(f"prepare: wrote the histories of {len(users)} users ({buckets.count} buckets)")
-        counts = np.ones(len(items))
+        counts = np.zeros(len(items), np.int64)
         for piece in positives["train"]:
             counts += np.bincount(np.load(piece)[:, 1], minlength=len(items))
         item_features, item_dense = item_tower_inputs(workflow, items)
@@ -279,7 +282,7 @@ def prepare_ingested(
             history=history,
             item_features=item_features,
             item_dense=item_dense,
-            item_log_q=np.log(counts / counts.sum()).astype(np.float32),
+            item_log_q=item_log_q(counts),
             positives={},
         ).save(workdir / "retrieval.npz")
         _append_positives(workdir / "retrieval.npz", positives)
@@ -304,6 +307,7 @@ def _append_positives(path: Path, pieces: dict[str, list[Path]]) -> None:
 def _encode(
     directory: Path,
     workdir: Path,
+    scratch: Path,
     reader: _Reader,
     catalog: tuple[pd.DataFrame, pd.DataFrame],
     workflow: Workflow,
@@ -321,10 +325,10 @@ def _encode(
     )
     weighted = _fit(reader, tables, workflow, log)
     names = (*ranking_parquet_columns(schema), *((WEIGHT,) if weighted else ()))
-    indexes = {"user": pd.Index(users["user_id"]), "item": pd.Index(items["item_id"])}
+    catalog_index = (pd.Index(users["user_id"]), pd.Index(items["item_id"]))
     positives: dict[str, list[Path]] = {name: [] for name in SPLITS}
     fitted, generators = stages(workflow.ops), _generators(workflow)
-    pieces = reader.scratch.parent / "pieces"
+    pieces = scratch / "pieces"
     for number, frame, split in reader:
         for name, index in zip(SPLITS, (split.train, split.valid, split.test), strict=True):
             labelled = labelled_rows(frame.iloc[index], *tables)
@@ -335,19 +339,11 @@ def _encode(
             )
             piece = pieces / name / f"part-{number:05d}.parquet"
             write_piece(encoded, piece, (reader.seed, number) if name == "train" else None, names)
-            chosen = frame.iloc[index]
-            chosen = chosen[chosen["rating"] >= POSITIVE_RATING]
-            pairs = np.stack(
-                [
-                    catalog_positions(
-                        chosen[f"{what}_id"].to_numpy(), indexes[what], what, str(directory)
-                    )
-                    for what in ("user", "item")
-                ],
-                axis=1,
-            )
             positives[name].append(pieces / name / f"positives-{number:05d}.npy")
-            np.save(positives[name][-1], pairs)
+            np.save(
+                positives[name][-1],
+                positive_pairs(frame.iloc[index], catalog_index, str(directory)),
+            )
         training = np.zeros(len(frame), dtype=bool)
         training[split.train] = True
         buckets.write(frame, training)
