@@ -70,7 +70,7 @@ def _primary(module: Any, url: str, options: dict[str, Any]) -> Any:
     """The primary's client from ``module`` (``redis.sentinel`` or ``redis.asyncio.sentinel``)."""
     target = sentinel_target(url)
     asking = {k: options[k] for k in ("socket_timeout", "socket_connect_timeout") if k in options}
-    sentinels = module.Sentinel(target.sentinels, sentinel_kwargs=asking, **asking)
+    sentinels = module.Sentinel(target.sentinels, sentinel_kwargs=asking)
     extra: dict[str, Any] = {"password": target.password} if target.password else {}
     if target.tls:
         extra["ssl"] = True
