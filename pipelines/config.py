@@ -165,6 +165,15 @@ class TrainConfig(BaseModel):
         "of the shuffled training file (a random sample), held in memory; DLRM reads every "
         "row, a batch at a time.",
     )
+    triton_target: Literal["cpu", "gpu", "gpu-tensorrt"] = Field(
+        "cpu",
+        description="Where the release's ranker scores on Triton: cpu, in the ranker's "
+        "python-backend model (the CPU image); gpu, its trees on the FIL backend and DLRM's "
+        "dense part on ONNX Runtime, called by the ranker (the GPU image, "
+        "Dockerfile.triton-gpu; needs treelite for the export's parity check); "
+        "gpu-tensorrt, the same with TensorRT (FP16) under ONNX Runtime. The gateway's "
+        "in-process scoring reads any target.",
+    )
     eval_users: int = Field(
         10_000,
         ge=1,

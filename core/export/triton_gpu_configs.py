@@ -7,10 +7,11 @@ parts as native backends instead of inside the python backend.
 
 ``gpu_model_configs`` reads the shapes from an exported ranker version (the tree model's
 feature count from its text, the ONNX graph's inputs and outputs from ONNX Runtime) and
-returns each model's ``config.pbtxt``; ``write_gpu_models`` lays them out as a Triton model
-repository (``<name>/config.pbtxt``, ``<name>/<version>/model.txt`` or ``model.onnx``).
-What stays in the python backend (the embedding-cache lookup from Redis, the blend) is not
-built here; docs/deployment.md says what the export's GPU target still needs.
+returns each model's ``config.pbtxt``; ``write_gpu_models`` publishes them into a release's
+model repository (``<name>/config.pbtxt``, ``<name>/<version>/model.txt`` or ``model.onnx``)
+beside the ranker version that calls them. What stays in the python backend (the
+embedding-cache lookup from Redis, the blend) is the ranker's ``model.py``, which calls these
+two by name and version (business-logic scripting) when its ``blend.json`` lists them.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core.errors import ArtifactError
+from core.export.repository import VersionWriter
 
 TREE_MODEL = "gbm.txt"  # in model_repository/ranker/<version>/
 DENSE_MODEL = "dlrm_dense.onnx"
@@ -45,10 +47,14 @@ class TensorSpec:
     name: str
     data_type: str
     dims: tuple[int, ...]
+    reshape: tuple[int, ...] | None = None  # the model's own shape, where dims differ
 
     def pbtxt(self) -> str:
         dims = ", ".join(str(d) for d in self.dims)
-        return f'{{ name: "{self.name}", data_type: {self.data_type}, dims: [ {dims} ] }}'
+        text = f'{{ name: "{self.name}", data_type: {self.data_type}, dims: [ {dims} ]'
+        if self.reshape is not None:
+            text += f" reshape: {{ shape: [ {', '.join(str(d) for d in self.reshape)} ] }}"
+        return text + " }"
 
 
 def tree_feature_count(model_text: Path) -> int:
@@ -78,6 +84,8 @@ def onnx_tensor_specs(model: Path) -> tuple[list[TensorSpec], list[TensorSpec]]:
                 f"{model}: {arg.name} has type {arg.type}, which Triton's config here does not map"
             )
         dims = tuple(d if isinstance(d, int) else -1 for d in arg.shape[1:])
+        if not dims:  # one value per row ([batch]): Triton's batched dims must not be empty
+            return TensorSpec(arg.name, _ONNX_TYPES[arg.type], (1,), reshape=())
         return TensorSpec(arg.name, _ONNX_TYPES[arg.type], dims)
 
     return [spec(a) for a in session.get_inputs()], [spec(a) for a in session.get_outputs()]
@@ -157,21 +165,21 @@ def gpu_model_configs(ranker_version: Path, *, tensorrt: bool = False) -> dict[s
 
 
 def write_gpu_models(
-    ranker_version: Path, repository: Path, version: int, *, tensorrt: bool = False
+    ranker_version: Path, writer: VersionWriter, *, tensorrt: bool = False
 ) -> list[Path]:
-    """Lay the GPU models of one ranker version out under ``repository``; returns the model
-    directories. A version already there is an error (versions are never overwritten)."""
+    """Publish the GPU models of one ranker version as ``writer``'s version (staged, then
+    renamed into place; an existing version is never overwritten) and write each model's
+    config.pbtxt (replaced atomically); returns the published version directories."""
     configs = gpu_model_configs(ranker_version, tensorrt=tensorrt)
     files = {TREES: (TREE_MODEL, "model.txt"), DENSE: (DENSE_MODEL, "model.onnx")}
     written = []
     for name, config in configs.items():
-        directory = repository / name
-        target = directory / str(version)
-        if target.exists():
-            raise ArtifactError(f"{target}: version {version} exists already")
-        target.mkdir(parents=True)
+        staged = writer.staging(name)
         source, served_as = files[name]
-        shutil.copyfile(ranker_version / source, target / served_as)
-        (directory / "config.pbtxt").write_text(config)
-        written.append(directory)
+        shutil.copyfile(ranker_version / source, staged / served_as)
+        written.append(writer.publish(name, staged))
+        target = writer.root / "model_repository" / name / "config.pbtxt"
+        temporary = target.with_suffix(".tmp")
+        temporary.write_text(config)
+        temporary.replace(target)
     return written

@@ -8,7 +8,12 @@ from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 
-from services.inference.triton_python import keep_imports_lean, ranker_inputs, ranker_response
+from services.inference.triton_python import (
+    TritonParts,
+    keep_imports_lean,
+    ranker_inputs,
+    ranker_response,
+)
 
 keep_imports_lean()  # before the models' modules import LightGBM
 
@@ -21,6 +26,10 @@ class TritonPythonModel:
     def initialize(self, args):
         self.model = RankingModel(Path(args["model_repository"]) / args["model_version"])
         self.model.load()
+        if self.model.triton_parts:  # a GPU-target version: its parts are models of their own
+            self.model.parts = TritonParts(
+                pb_utils, self.model.triton_parts, int(args["model_version"])
+            )
         self.metrics = TritonMetricsMirror(pb_utils)  # the embedding cache's counters
 
     def execute(self, requests):

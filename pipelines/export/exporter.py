@@ -23,6 +23,7 @@ from core.tree_ranker import TreeRanker, categorical_positions, tree_categorical
 from pipelines.config import TrainConfig
 from pipelines.data.dataset_file import load_dataset_file
 from pipelines.export.drift_replay import replay_reference
+from pipelines.export.gpu_target import export_gpu_parts, triton_parts
 from pipelines.export.onnx_models import export_dlrm_dense, export_item_tower, export_query_tower
 from pipelines.models.two_tower import ServedQuery
 from pipelines.models.two_tower_ensemble import EnsembleQuery
@@ -66,8 +67,12 @@ def _add_triton_files(root: Path, model: str, staged: Path) -> None:
     temporary.replace(target)
 
 
-def _write_ranker(model_dir: Path, workdir: Path, workflow: Workflow, config: TrainConfig) -> float:
-    """DLRM dense part as ONNX, one ``.npy`` per embedding table, tree model, blend weight."""
+def _write_ranker(
+    model_dir: Path, workdir: Path, workflow: Workflow, config: TrainConfig
+) -> tuple[float, np.ndarray]:
+    """DLRM dense part as ONNX, one ``.npy`` per embedding table, tree model, blend weight
+    (and, for a GPU target, the Triton models the ranker calls). Returns the ONNX check's
+    difference and validation rows of the trees' inputs (for the GPU target's check)."""
     valid = ranking_inputs(workdir / "ranking_valid.parquet", workflow.schema)
     dlrm = build_dlrm(workflow, valid["dense"].shape[1], config)
     dlrm.load_state_dict(torch.load(workdir / "models" / "dlrm.pt", weights_only=True))
@@ -101,11 +106,14 @@ def _write_ranker(model_dir: Path, workdir: Path, workflow: Workflow, config: Tr
                 "dlrm_weight": ranking["blend_weight"],
                 "tree_categorical": list(tree_categorical(workflow)),
                 "sparse_columns": list(sparse_columns),
+                "triton_parts": triton_parts(config.triton_target),
             },
             indent=2,
         )
     )
-    return difference
+    picked = categorical_positions(sparse_columns, tree_categorical(workflow))
+    sample = {"sparse": valid["sparse"][:4096], "dense": valid["dense"][:4096]}
+    return difference, tree_features(sample, picked)[0]
 
 
 def _write_drift_reference(
@@ -205,9 +213,19 @@ def run_export(workdir: Path, root: Path, config: TrainConfig, info: dict[str, A
         )
 
         staged = writer.staging(RANKER)
-        dlrm_difference = _write_ranker(staged, workdir, workflow, config)
+        dlrm_difference, tree_rows = _write_ranker(staged, workdir, workflow, config)
         _add_triton_files(root, RANKER, staged)
-        writer.publish(RANKER, staged)
+        ranker = writer.publish(RANKER, staged)
+        parts = triton_parts(config.triton_target)
+        fil = (
+            {
+                "fil_max_abs_difference": export_gpu_parts(
+                    ranker, writer, config.triton_target, tree_rows
+                )
+            }
+            if parts
+            else {}
+        )
 
         release = writer.release
         assert release is not None
@@ -237,7 +255,8 @@ def run_export(workdir: Path, root: Path, config: TrainConfig, info: dict[str, A
             {
                 **info,
                 "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "models": {QUERY_TOWER: version, RANKER: version},
+                "models": {QUERY_TOWER: version, RANKER: version}
+                | {name: version for name in parts.values()},
                 "index": {
                     "kind": index_kind(index),
                     "items": int(index.ntotal),
@@ -249,6 +268,7 @@ def run_export(workdir: Path, root: Path, config: TrainConfig, info: dict[str, A
                     "item_tower": item_difference,
                     "dlrm_dense": dlrm_difference,
                 },
+                **fil,
                 "config": config.model_dump(),
             }
         )

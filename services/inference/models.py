@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import onnxruntime as ort
@@ -128,6 +128,15 @@ def embeddings_for(directory: Path, settings: Settings | None = None) -> Embeddi
     )
 
 
+class RankerParts(Protocol):
+    """The ranker's two learnt parts run elsewhere (on Triton's FIL and ONNX Runtime
+    backends, for the GPU target: ``services.inference.triton_python.TritonParts``)."""
+
+    def dense_logits(self, dense: np.ndarray, embedded: np.ndarray) -> np.ndarray: ...
+
+    def tree_logits(self, features: np.ndarray) -> np.ndarray: ...
+
+
 class RankingModel:
     """DLRM (embedding lookup + ONNX dense part) and LightGBM, blended on the logit scale."""
 
@@ -140,6 +149,9 @@ class RankingModel:
         self.directory = directory
         self.embeddings = embeddings
         self.settings = settings  # None: read from the environment (the Triton stub)
+        # None: both parts run here; set by the Triton stub of a GPU-target version
+        self.parts: RankerParts | None = None
+        self.triton_parts: dict[str, str] = {}  # blend.json's: the models a GPU target calls
         self.session: ort.InferenceSession | None = None
         self.tree: TreeRanker | None = None
         self.dlrm_weight = 0.5
@@ -156,6 +168,7 @@ class RankingModel:
             raise ArtifactError(f"{blend_path} is missing")
         blend = json.loads(blend_path.read_text())
         self.dlrm_weight = float(blend["dlrm_weight"])
+        self.triton_parts = dict(blend.get("triton_parts") or {})
         self.tree_columns = categorical_positions(
             blend["sparse_columns"], blend["tree_categorical"]
         )
@@ -189,8 +202,13 @@ class RankingModel:
         if len(sparse) == 0:
             return np.zeros(0, dtype=np.float32), False
         embedded = self.embeddings.lookup(sparse)
-        dlrm = self.session.run(None, {"dense": dense.astype(np.float32), "embedded": embedded})[0]
-        inputs = {"sparse": sparse, "dense": dense}
-        tree = self.tree.logits(tree_features(inputs, self.tree_columns)[0])
+        dense = dense.astype(np.float32)
+        features = tree_features({"sparse": sparse, "dense": dense}, self.tree_columns)[0]
+        if self.parts is None:
+            dlrm = self.session.run(None, {"dense": dense, "embedded": embedded})[0].reshape(-1)
+            tree = self.tree.logits(features)
+        else:
+            dlrm = self.parts.dense_logits(dense, embedded).reshape(-1)
+            tree = self.parts.tree_logits(features).reshape(-1)
         scores = (self.dlrm_weight * dlrm + (1 - self.dlrm_weight) * tree).astype(np.float32)
         return scores, self.embeddings.degraded

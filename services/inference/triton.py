@@ -35,6 +35,8 @@ class TritonBackend(InferenceBackend):
         self.protocol = protocol
         self._control_key = control_key
         self.model_repository = model_repository  # the configs serve_versions loads with
+        self._parts: dict[int, dict[str, str]] = {}  # ranker version -> the models it calls
+        self._loaded_parts: set[str] = set()
         self._client: Any = None
         self._module: Any = None
 
@@ -75,15 +77,46 @@ class TritonBackend(InferenceBackend):
             model, headers=headers, config=json.dumps(config) if config else None
         )
 
+    def parts_of(self, version: int) -> dict[str, str]:
+        """The models ranker ``version`` calls on this server: its blend.json's
+        ``triton_parts`` (a GPU-target export: the trees on FIL, DLRM's dense part on ONNX
+        Runtime); none for a CPU-target version. Versions never change, so it is read once."""
+        if RANKER not in self.models or self.model_repository is None:
+            return {}
+        if version not in self._parts:
+            path = self.model_repository / RANKER / str(version) / "blend.json"
+            try:
+                parts = json.loads(path.read_text()).get("triton_parts") or {}
+            except (OSError, ValueError):  # not there yet: the ranker's own load says so
+                return {}
+            self._parts[version] = {str(k): str(v) for k, v in dict(parts).items()}
+        return self._parts[version]
+
+    def wanted(self, versions: Iterable[int]) -> dict[str, set[int]]:
+        """Each model to serve with its versions, the parts a ranker calls first (they must
+        be ready before it answers): this backend's models at every version, a part at the
+        versions whose ranker calls it."""
+        numbers = sorted(set(versions))
+        wanted: dict[str, set[int]] = {}
+        for version in numbers:
+            for part in self.parts_of(version).values():
+                wanted.setdefault(part, set()).add(version)
+        return wanted | {model: set(numbers) for model in self.models}
+
     async def serve_versions(self, versions: list[int]) -> None:
         """Load this backend's models with exactly ``versions`` (their config.pbtxt with a
-        ``specific`` version policy): Triton loads the new versions, keeps serving the old
-        ones until the new are ready, then unloads those not listed. With the query tower in
-        the gateway only the ranker is Triton's: a canary starts half the python stubs."""
-        for model in self.models:
-            await self.load_model(model, self.config_with_versions(model, versions))
-        for model in self.models:
-            for version in versions:
+        ``specific`` version policy), and the GPU parts their rankers call first: Triton
+        loads the new versions, keeps serving the old ones until the new are ready, then
+        unloads those not listed. With the query tower in the gateway only the ranker is
+        Triton's: a canary starts half the python stubs."""
+        wanted = self.wanted(versions)
+        for model, numbers in wanted.items():
+            await self.load_model(model, self.config_with_versions(model, sorted(numbers)))
+        for part in self._loaded_parts - wanted.keys():  # no version calls it any more
+            await self.unload_model(part)
+        self._loaded_parts = set(wanted) - set(self.models)
+        for model, numbers in wanted.items():
+            for version in sorted(numbers):
                 if not await self.ready(model, version):
                     raise RuntimeError(f"Triton loaded {model} but version {version} is not ready")
 
@@ -101,14 +134,16 @@ class TritonBackend(InferenceBackend):
         return dict(json_format.MessageToDict(config, preserving_proto_field_name=True))
 
     async def served_versions(self, versions: Iterable[int]) -> dict[str, set[int]]:
-        """The versions of each of this backend's models that the server reports READY (a
-        version still loading or unloading is not served). With the control key: all of
+        """The versions of each of this backend's models (and of the parts its rankers
+        call) that the server reports READY (a version still loading or unloading is not
+        served). With the control key: all of
         them, from the repository index (a restricted API); without: those of ``versions``
         that the open readiness API calls ready. Raises when the server cannot be asked."""
-        served: dict[str, set[int]] = {model: set() for model in self.models}
+        wanted = self.wanted(versions)
+        served: dict[str, set[int]] = {model: set() for model in wanted}
         if not self._control_key:
-            for model in self.models:
-                for version in sorted(set(versions)):
+            for model, numbers in wanted.items():
+                for version in sorted(numbers):
                     if await self.ready(model, version):
                         served[model].add(version)
             return served

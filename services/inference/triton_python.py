@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch  # at model load, not in the first request (it takes about a second)
 
+from core.logit import probability_logits
 from services.inference.ranker_batch import Outcome, RankerInputs
 
 
@@ -68,3 +69,47 @@ def ranker_response(pb_utils: Any, outcome: Outcome) -> Any:
             output_tensor(pb_utils.Tensor, "degraded", flags),
         ]
     )
+
+
+class TritonParts:
+    """A GPU-target ranker's learnt parts as models of the same Triton server, called with
+    business-logic scripting (BLS): DLRM's dense part (``logit`` from ``dense`` and
+    ``embedded``) and the trees (FIL's ``output__0``: the probability, turned back into a
+    logit for the blend). Each call names the ranker's own version, so a canary's ranker
+    never scores with production's parts. A part's error is raised: ``score_requests`` then
+    answers each request with it, and the gateway degrades that answer."""
+
+    def __init__(self, pb_utils: Any, names: dict[str, str], version: int) -> None:
+        self.pb_utils = pb_utils
+        self.dense_model, self.trees_model = names["dense"], names["trees"]
+        self.version = version
+
+    def _infer(self, model: str, inputs: dict[str, np.ndarray], output: str) -> np.ndarray:
+        pb = self.pb_utils
+        options: dict[str, Any] = {}
+        if hasattr(pb, "PreferredMemory"):  # the answer in host memory: the blend is numpy
+            options["preferred_memory"] = pb.PreferredMemory(pb.TRITONSERVER_MEMORY_CPU, 0)
+        request = pb.InferenceRequest(
+            model_name=model,
+            model_version=self.version,
+            requested_output_names=[output],
+            inputs=[output_tensor(pb.Tensor, name, array) for name, array in inputs.items()],
+            **options,
+        )
+        response = request.exec()
+        if response.has_error():
+            raise RuntimeError(f"{model} version {self.version}: {response.error().message()}")
+        tensor = pb.get_output_tensor_by_name(response, output)
+        if tensor is None:
+            raise RuntimeError(f"{model} version {self.version} answered without {output}")
+        if not tensor.is_cpu():  # a GPU model's output, where host memory was not honoured
+            return torch.from_dlpack(tensor.to_dlpack()).cpu().numpy()
+        return np.array(input_array(tensor))  # a copy: the response's memory is freed next
+
+    def dense_logits(self, dense: np.ndarray, embedded: np.ndarray) -> np.ndarray:
+        inputs = {"dense": dense, "embedded": np.ascontiguousarray(embedded, dtype=np.float32)}
+        return self._infer(self.dense_model, inputs, "logit").reshape(-1)
+
+    def tree_logits(self, features: np.ndarray) -> np.ndarray:
+        rows = np.ascontiguousarray(features, dtype=np.float32)
+        return probability_logits(self._infer(self.trees_model, {"input__0": rows}, "output__0"))

@@ -42,10 +42,18 @@ class Observation:
 
     served: dict[str, frozenset[int]] = field(default_factory=dict)
     error: str | None = None  # the server could not be asked (down, restarting, refused)
+    # a GPU-target ranker's parts (FIL trees, ONNX dense part): the versions calling each
+    callers: dict[str, frozenset[int]] = field(default_factory=dict)
 
     @property
     def reachable(self) -> bool:
         return self.error is None
+
+    def needed(self, model: str, versions: Iterable[int]) -> set[int]:
+        """The versions of ``model`` that serving ``versions`` needs: all of them, or for a
+        ranker's part those whose ranker calls it."""
+        wanted = set(versions)
+        return wanted & self.callers[model] if model in self.callers else wanted
 
     def missing(self, versions: Iterable[int]) -> list[str]:
         """What keeps ``versions`` from being served, in words (empty: all are READY)."""
@@ -55,7 +63,7 @@ class Observation:
         return [
             f"{model} version {version} not ready on the inference server"
             for model, ready in sorted(self.served.items())
-            for version in wanted
+            for version in sorted(self.needed(model, wanted))
             if version not in ready
         ]
 
@@ -94,7 +102,9 @@ class Reconciler:
         except Exception as error:  # down, restarting, hung, refused: all mean "not served"
             observed = Observation(error=_describe(error))
         else:
-            observed = Observation({m: frozenset(v) for m, v in served.items()})
+            wanted = self.triton.wanted(versions)
+            callers = {m: frozenset(v) for m, v in wanted.items() if m not in self.triton.models}
+            observed = Observation({m: frozenset(v) for m, v in served.items()}, None, callers)
         self.last = observed
         return observed
 
@@ -106,8 +116,9 @@ class Reconciler:
         observed = await self.observe(target)
         if self.triton is None or not observed.reachable or not target:
             return observed
-        loads = {(m, v) for m, ready in observed.served.items() for v in target if v not in ready}
-        unloads = {(m, v) for m, ready in observed.served.items() for v in ready - set(target)}
+        needed = {m: observed.needed(m, target) for m in observed.served}
+        loads = {(m, v) for m, ready in observed.served.items() for v in needed[m] - ready}
+        unloads = {(m, v) for m, ready in observed.served.items() for v in ready - needed[m]}
         if not loads and not unloads:
             return observed
         log.warning(

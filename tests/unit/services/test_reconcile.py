@@ -5,6 +5,7 @@ On a Triton double (the real Triton: tests/integration/test_fleet.py)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
@@ -304,3 +305,28 @@ async def test_a_gateway_started_on_a_desired_state_exports_its_revision(tmp_pat
     await follower.check()
     assert REGISTRY.get_sample_value("cascade_desired_state_revision") == 7
     assert follower.status()["converged"] is True
+
+
+def test_a_gpu_target_rankers_parts_are_wanted_at_the_versions_that_call_them(
+    tmp_path: Path,
+) -> None:
+    repository = tmp_path / "model_repository"
+    parts = {"trees": "ranker_trees", "dense": "ranker_dense"}
+    for version, blend in ((1, {"triton_parts": parts}), (2, {"triton_parts": {}}), (3, {})):
+        (repository / RANKER / str(version)).mkdir(parents=True)
+        (repository / RANKER / str(version) / "blend.json").write_text(json.dumps(blend))
+    backend = TritonBackend("127.0.0.1:1", model_repository=repository, models=(RANKER,))
+    wanted = backend.wanted([3, 2, 1, 4])  # 4: not exported yet (no blend.json)
+    assert list(wanted) == ["ranker_trees", "ranker_dense", RANKER]  # parts load first
+    assert wanted == {"ranker_trees": {1}, "ranker_dense": {1}, RANKER: {1, 2, 3, 4}}
+
+    from services.state.reconcile import Observation
+
+    callers = {m: frozenset(v) for m, v in wanted.items() if m != RANKER}
+    served = {RANKER: frozenset({1, 2, 3}), "ranker_trees": frozenset({1})}
+    observed = Observation({**served, "ranker_dense": frozenset()}, None, callers)
+    assert observed.needed("ranker_trees", [2, 3]) == set()
+    assert observed.missing([1, 2, 3]) == [
+        "ranker_dense version 1 not ready on the inference server"
+    ]
+    assert observed.missing([2, 3]) == []  # CPU-target versions call no part

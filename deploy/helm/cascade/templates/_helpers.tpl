@@ -100,6 +100,11 @@ livenessProbe:
   periodSeconds: 60
 {{- end -}}
 
+{{- /* The export target matching the Triton image: `cascade train`/`retrain` option. */ -}}
+{{- define "cascade.tritonTarget" -}}
+--triton-target={{ if .Values.triton.gpu.enabled }}{{ .Values.triton.gpu.exportTarget }}{{ else }}cpu{{ end }}
+{{- end -}}
+
 {{- define "cascade.scheduling" -}}
 {{- $root := index . 0 -}}
 {{- $own := index . 1 -}}

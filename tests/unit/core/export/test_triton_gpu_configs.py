@@ -15,6 +15,7 @@ from tritonclient.grpc import model_config_pb2
 
 from core.errors import ArtifactError
 from core.export import triton_gpu_configs as gpu
+from core.export.repository import VersionWriter
 
 FEATURES = 5
 
@@ -83,19 +84,50 @@ def test_without_tensorrt_no_accelerator(ranker_version: Path) -> None:
     assert not dense.optimization.execution_accelerators.gpu_execution_accelerator
 
 
-def test_write_lays_out_a_repository_and_never_overwrites(
+def test_write_publishes_the_writers_version_and_never_overwrites(
     ranker_version: Path, tmp_path: Path
 ) -> None:
-    repository = tmp_path / "gpu_repository"
-    written = gpu.write_gpu_models(ranker_version, repository, 3)
-    assert sorted(p.name for p in written) == [gpu.DENSE, gpu.TREES]
-    assert (repository / gpu.TREES / "3" / "model.txt").read_bytes() == (
+    root = tmp_path / "export"
+    writer = VersionWriter(root)
+    version = writer.claim()
+    written = gpu.write_gpu_models(ranker_version, writer)
+    repository = root / "model_repository"
+    assert sorted((p.parent.name, p.name) for p in written) == [
+        (gpu.DENSE, str(version)),
+        (gpu.TREES, str(version)),
+    ]
+    assert (repository / gpu.TREES / str(version) / "model.txt").read_bytes() == (
         ranker_version / gpu.TREE_MODEL
     ).read_bytes()
-    assert (repository / gpu.DENSE / "3" / "model.onnx").is_file()
+    assert (repository / gpu.DENSE / str(version) / "model.onnx").is_file()
     assert parse((repository / gpu.DENSE / "config.pbtxt").read_text()).name == gpu.DENSE
-    with pytest.raises(ArtifactError, match="exists already"):
-        gpu.write_gpu_models(ranker_version, repository, 3)
+    assert not list(repository.glob("*/.staging-*")) and not list(repository.glob("*/*.tmp"))
+    with pytest.raises(ArtifactError, match="already exists"):
+        gpu.write_gpu_models(ranker_version, writer)
+
+
+def test_a_one_value_per_row_output_is_given_dims_1_reshaped(tmp_path: Path) -> None:
+    """DLRM's dense part answers ``[batch]``: Triton's batched dims cannot be empty, so the
+    config says ``[1]`` and reshapes to the model's own shape."""
+
+    class Squeezed(torch.nn.Module):
+        def forward(self, dense: torch.Tensor) -> torch.Tensor:
+            return dense.sum(dim=1)
+
+    path = tmp_path / "squeezed.onnx"
+    torch.onnx.export(
+        Squeezed(),
+        (torch.zeros(2, 3),),
+        str(path),
+        input_names=["dense"],
+        output_names=["logit"],
+        dynamic_axes={"dense": {0: "batch"}, "logit": {0: "batch"}},
+        dynamo=False,
+    )
+    inputs, outputs = gpu.onnx_tensor_specs(path)
+    config = parse(gpu.onnx_config("d", inputs, outputs))
+    assert list(config.output[0].dims) == [1]
+    assert config.output[0].HasField("reshape") and list(config.output[0].reshape.shape) == []
 
 
 def test_a_missing_model_is_named(ranker_version: Path) -> None:
