@@ -121,6 +121,13 @@ def run(args: argparse.Namespace) -> int:
         materialize.run(materialize.defaults(given))
     server = None
     if args.triton:
+        from core.export.repository import latest_version
+        from services.inference.triton_server import check_backends, wheel_directory
+
+        serving = settings.model_version or latest_version(settings.artifacts)
+        if serving is not None:  # a GPU-target release needs backends the wheel lacks
+            repository = settings.artifacts / "model_repository"
+            check_backends(repository, serving, wheel_directory() / "backends")
         key = settings.triton.control_key
         # the query tower's stub only where it serves (CASCADE_TRITON__QUERY_TOWER=triton)
         on_triton = ("query_tower",) if settings.triton.query_tower == "triton" else ()

@@ -73,6 +73,34 @@ def wheel_directory() -> Path:
     return directory
 
 
+def backend_of(config: Path) -> str:
+    """The backend a model's config.pbtxt names (``backend:``, or the one its ``platform:``
+    runs on: ``onnxruntime_onnx`` -> onnxruntime)."""
+    for line in config.read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "backend":
+            return value.strip().strip('"')
+        if key.strip() == "platform":
+            return value.strip().strip('"').split("_")[0]
+    return "python"
+
+
+def check_backends(repository: Path, version: int, backends: Path) -> None:
+    """Raise ``TritonUnavailable`` when ranker ``version`` calls models (a GPU-target
+    export's ``triton_parts``) whose backend is not under ``backends``."""
+    blend = repository / "ranker" / str(version) / "blend.json"
+    parts = (json.loads(blend.read_text()).get("triton_parts") or {}) if blend.is_file() else {}
+    for part in sorted(parts.values()):
+        backend = backend_of(repository / part / "config.pbtxt")
+        if not (backends / backend).is_dir():
+            raise TritonUnavailable(
+                f"ranker version {version} was exported for the GPU image (--triton-target "
+                f"gpu): its {part} runs on Triton's {backend} backend, which this Triton "
+                f"({backends}) lacks. Serve it in process (without --triton), on the GPU "
+                "image (Dockerfile.triton-gpu), or export it again with --triton-target cpu"
+            )
+
+
 def install_stub(directory: Path) -> None:
     """Copy the python-backend stub for this Python next to the backend (once)."""
     version = f"{sys.version_info.major}.{sys.version_info.minor}"

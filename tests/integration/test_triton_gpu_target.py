@@ -213,3 +213,23 @@ async def test_the_ranker_scores_through_its_parts_and_the_loop_brings_a_lost_pa
         np.testing.assert_allclose(again.reshape(-1), expected, atol=2e-3)
     finally:
         await backend.close()
+
+
+def test_serve_with_the_wheels_triton_refuses_a_gpu_target_release(
+    gpu_export: Path, exported: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The wheel's Triton has no FIL backend: `cascade serve --triton` says so before it
+    starts anything, and names the ways out."""
+    from cli.main import main
+    from services.inference.triton_server import check_backends
+
+    try:
+        backends = wheel_directory() / "backends"
+    except TritonUnavailable as error:
+        pytest.skip(f"Triton cannot run here: {error}")
+    assert main(["serve", "--triton", "--artifacts", str(gpu_export)]) == 3  # failed
+    error = capsys.readouterr().err
+    assert "ranker version 1 was exported for the GPU image" in error
+    assert "ranker_dense runs on Triton's onnxruntime backend" in error
+    assert "without --triton" in error
+    check_backends(exported / "model_repository", 1, backends)  # a CPU-target release: fine
