@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from core.errors import ConfigError, DataError
 from core.features.ops import Columns
@@ -184,30 +186,51 @@ def write_online_tables(dataset: RawDataset, directory: Path, history_length: in
     dataset.item_ids.save(directory / ITEM_ID_MAP)
     dataset.users.to_parquet(directory / "users.parquet", index=False)
     dataset.items.to_parquet(directory / "items.parquet", index=False)
-    user_histories(dataset.interactions, history_length).to_parquet(
-        directory / "histories.parquet", index=False
+    pq.write_table(
+        user_histories(dataset.interactions, history_length), directory / "histories.parquet"
     )
 
 
-def user_histories(interactions: pd.DataFrame, history_length: int) -> pd.DataFrame:
+def _starts(sorted_keys: np.ndarray) -> np.ndarray:
+    """Where each run of equal values begins in ``sorted_keys``."""
+    if not len(sorted_keys):
+        return np.zeros(0, np.int64)
+    return np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]])
+
+
+def user_histories(interactions: pd.DataFrame, history_length: int) -> pa.Table:
     """Per user with interactions, in user id order: ``seen`` (every item interacted with,
-    sorted) and ``recent`` (the last ``history_length`` positive items, oldest first)."""
-    ordered = interactions.sort_values(["user_id", "timestamp"], kind="stable")
+    sorted, once) and ``recent`` (the last ``history_length`` positive items by time, oldest
+    first; rows at the same time in row order), as list columns built from offsets (no
+    array per user: a partition's 400k users took 9 s that way)."""
+    users = interactions["user_id"].to_numpy(np.int64)
+    items = interactions["item_id"].to_numpy(np.int64)
+    order = np.lexsort((interactions["timestamp"].to_numpy(), users))  # stable
+    users, items = users[order], items[order]
+    liked = interactions["rating"].to_numpy()[order] >= POSITIVE_RATING
+    user_ids = users[_starts(users)]
 
-    def per_user(table: pd.DataFrame) -> tuple[np.ndarray, list[np.ndarray]]:
-        users, items = table["user_id"].to_numpy(), table["item_id"].to_numpy()
-        bounds = np.flatnonzero(np.diff(users)) + 1
-        return users[np.r_[0, bounds]] if len(users) else users, np.split(items, bounds)
+    by_item = np.lexsort((items, users))
+    pair_users, pair_items = users[by_item], items[by_item]
+    first = np.ones(len(pair_users), dtype=bool)
+    first[1:] = (pair_users[1:] != pair_users[:-1]) | (pair_items[1:] != pair_items[:-1])
+    seen_users, seen_items = pair_users[first], pair_items[first]
 
-    user_ids, seen = per_user(ordered)
-    liked_users, liked = per_user(ordered[ordered["rating"] >= POSITIVE_RATING])
-    recent = dict(zip(liked_users.tolist(), liked, strict=True))
-    empty = np.zeros(0, np.int64)
-    return pd.DataFrame(
+    liked_users, liked_items = users[liked], items[liked]
+    starts = _starts(liked_users)
+    ends = np.append(starts[1:], len(liked_users))[: len(starts)].astype(np.int64)
+    last = np.repeat(ends, ends - starts) - np.arange(len(liked_users)) <= history_length
+    recent_users, recent_items = liked_users[last], liked_items[last]
+
+    def lists(owners: np.ndarray, values: np.ndarray) -> pa.ListArray:
+        offsets = np.r_[np.searchsorted(owners, user_ids), len(owners)].astype(np.int32)
+        return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, pa.int64()))
+
+    return pa.table(
         {
-            "user_id": user_ids,
-            "seen": [np.unique(s) for s in seen],
-            "recent": [recent.get(u, empty)[-history_length:] for u in user_ids.tolist()],
+            "user_id": pa.array(user_ids, pa.int64()),
+            "seen": lists(seen_users, seen_items),
+            "recent": lists(recent_users, recent_items),
         }
     )
 

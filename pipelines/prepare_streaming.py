@@ -378,7 +378,7 @@ def _write_online(
     writer: pq.ParquetWriter | None = None
     try:
         for b, rows in buckets.read():
-            table = pa.Table.from_pandas(user_histories(rows, history_length), preserve_index=False)
+            table = user_histories(rows, history_length)
             if writer is None:
                 writer = pq.ParquetWriter(online / "histories.parquet", table.schema)
             writer.write_table(table.cast(writer.schema))
