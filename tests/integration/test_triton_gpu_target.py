@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
@@ -26,6 +27,7 @@ from core.errors import ArtifactError
 from core.export.triton_gpu_configs import DENSE, TREES
 from core.features.workflow import Workflow
 from pipelines.config import TrainConfig
+from pipelines.export.catalog import update_catalog
 from pipelines.export.exporter import run_export
 from pipelines.training.ranking import ranking_inputs
 from services.inference.backends import RANKER
@@ -138,6 +140,16 @@ def test_the_gpu_target_publishes_checked_parts_in_the_release(
     assert release.version == 1
     copy = tmp_path / "export"
     shutil.copytree(gpu_export, copy)
+
+    # a catalog update carries the parts into its version (the ranker calls that version's)
+    items = pd.read_parquet(copy / "releases" / "1" / "online" / "items.parquet")
+    changed = items.iloc[:1][["item_id", "year", "genres"]]
+    changed.to_parquet(tmp_path / "items.parquet", index=False)
+    updated = update_catalog(copy, tmp_path / "items.parquet")
+    models = json.loads(updated.manifest.read_text())["models"]
+    assert models == {"query_tower": 2, RANKER: 2, TREES: 2, DENSE: 2}
+    assert load_release(copy, 2).version == 2
+
     (copy / "model_repository" / TREES / "1" / "model.txt").write_text("tree\n")
     with pytest.raises(ArtifactError, match=r"model\.txt"):
         load_release(copy, 1)
