@@ -11,6 +11,9 @@
   loopback;
 - every Deployment with more than one pod (or an autoscaler): a PodDisruptionBudget, and
   topology spread or pod anti-affinity; no PDB with both minAvailable and maxUnavailable;
+- every training command (`cascade train`, `cascade retrain`): the export target of the Triton
+  the gateways run, `--triton-target=gpu...` where a Triton container requests a GPU, `cpu`
+  where none does (a release for FIL and ONNX Runtime never reaches a CPU Triton);
 - every AlertmanagerConfig: the inhibitions of monitoring/alertmanager/alertmanager.yml, the
   same ones (the compose stack's Alertmanager and the operator's must hold back alike).
 Prints one line per problem; exit 1 when there is any.
@@ -32,6 +35,7 @@ PROBES = ("startupProbe", "readinessProbe", "livenessProbe")
 RESTRICTED = {"model-repository", "shared-memory", "trace", "logging"}
 CONTROL_KEY_ENV = "CASCADE_TRITON__CONTROL_KEY"
 ALERTMANAGER_YML = Path(__file__).resolve().parents[2] / "monitoring/alertmanager/alertmanager.yml"
+TARGET = re.compile(r"--triton-target[= ]'?([\w-]+)")
 MATCHER = re.compile(r'^\s*(\w+)\s*(=~|!~|!=|=)\s*"?(.*?)"?\s*$')
 
 
@@ -199,6 +203,37 @@ def inhibition_problems(doc: dict[str, Any], expected: set[tuple]) -> list[str]:
     return problems + [f"has an inhibition alertmanager.yml lacks: {r}" for r in found - expected]
 
 
+def _containers(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = pod_spec(doc)
+    return [*spec.get("initContainers", []), *spec.get("containers", [])]
+
+
+def export_target_problems(docs: list[dict[str, Any]]) -> list[str]:
+    """Training commands whose export target does not fit the gateways' Triton."""
+    workloads = [d for d in docs if d.get("kind") in WORKLOADS]
+    gpu = any(
+        "nvidia.com/gpu" in c.get("resources", {}).get("limits", {})
+        for d in workloads
+        for c in _containers(d)
+        if is_triton(c)
+    )
+    problems = []
+    for doc in workloads:
+        for c in _containers(doc):
+            text = " ".join(str(w) for w in [*c.get("command", []), *c.get("args", [])])
+            if "retrain" not in text and "cascade train" not in text:
+                continue
+            name = f"{doc['kind']}/{doc.get('metadata', {}).get('name')}: {c['name']}"
+            targets = set(TARGET.findall(text))
+            if not targets:
+                problems.append(f"{name}: trains without --triton-target")
+            elif gpu and not all(t.startswith("gpu") for t in targets):
+                problems.append(f"{name}: exports for {sorted(targets)}, the Tritons have GPUs")
+            elif not gpu and targets != {"cpu"}:
+                problems.append(f"{name}: exports for {sorted(targets)}, no Triton has a GPU")
+    return problems
+
+
 def check(docs: Iterable[dict[str, Any] | None]) -> list[str]:
     """Every problem of the rendered documents, one line each."""
     objects = [doc for doc in docs if doc]
@@ -210,7 +245,7 @@ def check(docs: Iterable[dict[str, Any] | None]) -> list[str]:
         if doc.get("kind") == "AlertmanagerConfig":
             expected = alertmanager_inhibitions()
             problems += [f"{name}: {problem}" for problem in inhibition_problems(doc, expected)]
-    return problems + availability_problems(objects)
+    return problems + availability_problems(objects) + export_target_problems(objects)
 
 
 def main(argv: list[str]) -> int:

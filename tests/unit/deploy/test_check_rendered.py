@@ -194,3 +194,34 @@ def test_the_operators_inhibitions_must_be_alertmanager_ymls() -> None:
     assert any(
         "alertmanager.yml lacks" in p for p in check_rendered.check([alertmanager_config(extra)])
     )
+
+
+def trainer(command: str) -> dict[str, Any]:
+    job = {"kind": "Job", "metadata": {"name": "train"}}
+    pod = {
+        "automountServiceAccountToken": False,
+        "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [container("train", "ghcr.io/x/cascade-jobs:0.1.0", args=[command])],
+    }
+    return {**job, "spec": {"template": {"spec": pod}}}
+
+
+@pytest.mark.parametrize(
+    ("gpu", "command", "problem"),
+    [
+        (False, "cascade retrain --artifacts /a --triton-target=cpu", None),
+        (True, "cascade retrain --artifacts /a --triton-target=gpu", None),
+        (True, "exec cascade train --output /a --triton-target=gpu-tensorrt; fi", None),
+        (False, "cascade retrain --artifacts /a", "trains without --triton-target"),
+        (True, "cascade retrain --triton-target=cpu", "exports for ['cpu'], the Tritons have GPUs"),
+        (False, "cascade train --triton-target=gpu", "exports for ['gpu'], no Triton has a GPU"),
+    ],
+)
+def test_training_exports_for_the_tritons_the_gateways_run(
+    gpu: bool, command: str, problem: str | None
+) -> None:
+    docs = rendering()
+    if gpu:
+        sidecar(docs)["resources"]["limits"]["nvidia.com/gpu"] = 1
+    problems = check_rendered.check([*docs, trainer(command)])
+    assert problems == ([] if problem is None else [f"Job/train: train: {problem}"])
