@@ -23,8 +23,9 @@ def reference(interactions: pd.DataFrame, history_length: int) -> dict[int, tupl
     return out
 
 
-@pytest.mark.parametrize("history_length", [1, 3, 50])
-def test_equal_to_the_per_user_computation(history_length: int) -> None:
+@pytest.mark.parametrize(("history_length", "wide"), [(1, False), (3, False), (50, True)])
+def test_equal_to_the_per_user_computation(history_length: int, wide: bool) -> None:
+    """``wide``: values too far apart for one int64 key per pair (the lexsort way)."""
     rng = np.random.default_rng(history_length)
     n = 5_000
     interactions = pd.DataFrame(
@@ -35,6 +36,9 @@ def test_equal_to_the_per_user_computation(history_length: int) -> None:
             "rating": rng.integers(1, 6, n).astype(np.float32),
         }
     )
+    if wide:
+        interactions["timestamp"] *= 1 << 56
+        interactions["item_id"] *= 1 << 56
     interactions.loc[interactions["user_id"] == 7, "rating"] = 1.0  # a user with no positive
     table = user_histories(interactions, history_length)
     got = {
