@@ -94,6 +94,17 @@ def _feedback_keys(args: argparse.Namespace, settings: Any) -> Any:
     return settings.model_copy(update={"feedback": feedback})
 
 
+def _check_triton_backends(settings: Any) -> None:
+    """A GPU-target release needs backends the wheel's Triton lacks: refuse it."""
+    from core.export.repository import latest_version
+    from services.inference.triton_server import check_backends, wheel_directory
+
+    serving = settings.model_version or latest_version(settings.artifacts)
+    if serving is not None:
+        repository = settings.artifacts / "model_repository"
+        check_backends(repository, serving, wheel_directory() / "backends")
+
+
 def run(args: argparse.Namespace) -> int:
     import os
 
@@ -101,6 +112,8 @@ def run(args: argparse.Namespace) -> int:
     from services.inference.triton_server import TritonServer
 
     settings = opt.settings(args)
+    if args.triton:  # before anything is written or set
+        _check_triton_backends(settings)
     if args.workers > 1 and not settings.redis.url:
         print(
             f"warning: --workers {args.workers} without CASCADE_REDIS__URL: each worker keeps "
@@ -121,13 +134,6 @@ def run(args: argparse.Namespace) -> int:
         materialize.run(materialize.defaults(given))
     server = None
     if args.triton:
-        from core.export.repository import latest_version
-        from services.inference.triton_server import check_backends, wheel_directory
-
-        serving = settings.model_version or latest_version(settings.artifacts)
-        if serving is not None:  # a GPU-target release needs backends the wheel lacks
-            repository = settings.artifacts / "model_repository"
-            check_backends(repository, serving, wheel_directory() / "backends")
         key = settings.triton.control_key
         # the query tower's stub only where it serves (CASCADE_TRITON__QUERY_TOWER=triton)
         on_triton = ("query_tower",) if settings.triton.query_tower == "triton" else ()

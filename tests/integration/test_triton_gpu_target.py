@@ -228,10 +228,18 @@ async def test_the_ranker_scores_through_its_parts_and_the_loop_brings_a_lost_pa
 
 
 def test_serve_with_the_wheels_triton_refuses_a_gpu_target_release(
-    gpu_export: Path, exported: Path, capsys: pytest.CaptureFixture[str]
+    gpu_export: Path,
+    exported: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The wheel's Triton has no FIL backend: `cascade serve --triton` says so before it
-    starts anything, and names the ways out."""
+    starts, writes or sets anything, and names the ways out."""
+    import os
+
+    for name in [n for n in os.environ if n.startswith("CASCADE_")]:
+        monkeypatch.setenv(name, os.environ[name])  # restored after the test
+    before = {n: v for n, v in os.environ.items() if n.startswith("CASCADE_")}
     from cli.main import main
     from services.inference.triton_server import check_backends
 
@@ -244,4 +252,6 @@ def test_serve_with_the_wheels_triton_refuses_a_gpu_target_release(
     assert "ranker version 1 was exported for the GPU image" in error
     assert "ranker_dense runs on Triton's onnxruntime backend" in error
     assert "without --triton" in error
+    assert {n: v for n, v in os.environ.items() if n.startswith("CASCADE_")} == before
+    assert not (gpu_export / "feedback.key").exists()
     check_backends(exported / "model_repository", 1, backends)  # a CPU-target release: fine
