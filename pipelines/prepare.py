@@ -198,16 +198,19 @@ def _starts(sorted_keys: np.ndarray) -> np.ndarray:
     return np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]])
 
 
-def _pair_keys(first: np.ndarray, second: np.ndarray) -> tuple[np.ndarray, int, int] | None:
+def _pair_keys(
+    first: np.ndarray, second: np.ndarray
+) -> tuple[np.ndarray, tuple[int, int, int]] | None:
     """One int64 per (first, second) that orders as the pair does, with what decodes it
-    (``second``'s lowest value and span); None where the pairs do not fit in 63 bits."""
+    (``first``'s and ``second``'s lowest values, ``second``'s span: a key is
+    ``(first - base) * span + (second - low)``); None where the pairs need over 63 bits."""
     if not len(first):
         return None
-    low, span = int(second.min()), int(second.max()) - int(second.min()) + 1
-    base = int(first.min())
+    base, low = int(first.min()), int(second.min())
+    span = int(second.max()) - low + 1
     if (int(first.max()) - base + 1) * span >= 1 << 63:
         return None
-    return (first - base) * span + (second - low), low, span
+    return (first - base) * span + (second - low), (base, low, span)
 
 
 def user_histories(interactions: pd.DataFrame, history_length: int) -> pa.Table:
@@ -232,10 +235,10 @@ def user_histories(interactions: pd.DataFrame, history_length: int) -> pa.Table:
         first[1:] = (pair_users[1:] != pair_users[:-1]) | (pair_items[1:] != pair_items[:-1])
         seen_users, seen_items = pair_users[first], pair_items[first]
     else:  # a plain sort of the keys (vectorised), then each run once
-        keys, low, span = by_item
+        keys, (base, low, span) = by_item
         keys = np.sort(keys)
         keys = keys[_starts(keys)]
-        seen_users, seen_items = keys // span + int(users.min()), keys % span + low
+        seen_users, seen_items = keys // span + base, keys % span + low
 
     liked_users, liked_items = users[liked], items[liked]
     starts = _starts(liked_users)
