@@ -16,6 +16,7 @@ two by name and version (business-logic scripting) when its ``blend.json`` lists
 
 from __future__ import annotations
 
+import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,8 @@ from core.export.repository import VersionWriter
 
 TREE_MODEL = "gbm.txt"  # in model_repository/ranker/<version>/
 DENSE_MODEL = "dlrm_dense.onnx"
+BLEND = "blend.json"  # the ranker version's blend; ``PARTS`` names the models it calls
+PARTS = "triton_parts"
 TREES = "ranker_trees"
 DENSE = "ranker_dense"
 
@@ -55,6 +58,14 @@ class TensorSpec:
         if self.reshape is not None:
             text += f" reshape: {{ shape: [ {', '.join(str(d) for d in self.reshape)} ] }}"
         return text + " }"
+
+
+def ranker_parts(ranker_version: Path) -> dict[str, str]:
+    """The models a ranker version calls on Triton (its blend.json's ``triton_parts``: a
+    GPU-target export's trees and dense part); empty for a CPU-target version. Raises
+    ``OSError`` or ``ValueError`` when the blend cannot be read."""
+    blend = json.loads((ranker_version / BLEND).read_text())
+    return {str(k): str(v) for k, v in dict(blend.get(PARTS) or {}).items()}
 
 
 def tree_feature_count(model_text: Path) -> int:

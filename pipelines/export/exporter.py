@@ -17,6 +17,7 @@ from core.errors import ArtifactError, CascadeError
 from core.export.drift_reference import REFERENCE_FILE, write_reference
 from core.export.item_index import build_index, index_kind, save_index
 from core.export.repository import VersionWriter
+from core.export.triton_gpu_configs import PARTS
 from core.features.workflow import Workflow
 from core.item_neighbors import DIRECTORY as NEIGHBORS
 from core.tree_ranker import TreeRanker, categorical_positions, tree_categorical, tree_features
@@ -106,7 +107,7 @@ def _write_ranker(
                 "dlrm_weight": ranking["blend_weight"],
                 "tree_categorical": list(tree_categorical(workflow)),
                 "sparse_columns": list(sparse_columns),
-                "triton_parts": triton_parts(config.triton_target),
+                PARTS: triton_parts(config.triton_target),
             },
             indent=2,
         )

@@ -12,6 +12,7 @@ import numpy as np
 import onnxruntime as ort
 
 from core.errors import ArtifactError
+from core.export.triton_gpu_configs import PARTS
 from core.export.verify import verify_model_directory
 from core.redact import redact_url
 from core.tree_ranker import TreeRanker, categorical_positions, tree_features
@@ -168,7 +169,7 @@ class RankingModel:
             raise ArtifactError(f"{blend_path} is missing")
         blend = json.loads(blend_path.read_text())
         self.dlrm_weight = float(blend["dlrm_weight"])
-        self.triton_parts = dict(blend.get("triton_parts") or {})
+        self.triton_parts = dict(blend.get(PARTS) or {})
         self.tree_columns = categorical_positions(
             blend["sparse_columns"], blend["tree_categorical"]
         )

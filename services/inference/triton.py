@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from core.export.triton_gpu_configs import ranker_parts
 from services.inference.backends import QUERY_TOWER, RANKER, InferenceBackend
 
 _TRITON_TYPES = {np.dtype(np.int64): "INT64", np.dtype(np.float32): "FP32"}
@@ -84,12 +85,11 @@ class TritonBackend(InferenceBackend):
         if RANKER not in self.models or self.model_repository is None:
             return {}
         if version not in self._parts:
-            path = self.model_repository / RANKER / str(version) / "blend.json"
             try:
-                parts = json.loads(path.read_text()).get("triton_parts") or {}
+                parts = ranker_parts(self.model_repository / RANKER / str(version))
             except (OSError, ValueError):  # not there yet: the ranker's own load says so
                 return {}
-            self._parts[version] = {str(k): str(v) for k, v in dict(parts).items()}
+            self._parts[version] = parts
         return self._parts[version]
 
     def wanted(self, versions: Iterable[int]) -> dict[str, set[int]]:

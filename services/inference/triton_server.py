@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from core.errors import CascadeError
+from core.export.triton_gpu_configs import BLEND, ranker_parts
 from services.inference.triton import CONTROL_KEY_HEADER
 from services.util.child_process import (
     die_with_parent,
@@ -75,21 +76,19 @@ def wheel_directory() -> Path:
 
 def backend_of(config: Path) -> str:
     """The backend a model's config.pbtxt names (``backend:``, or the one its ``platform:``
-    runs on: ``onnxruntime_onnx`` -> onnxruntime)."""
-    for line in config.read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "backend":
-            return value.strip().strip('"')
-        if key.strip() == "platform":
-            return value.strip().strip('"').split("_")[0]
-    return "python"
+    runs on: ``onnxruntime_onnx`` -> onnxruntime), read with Triton's ModelConfig schema."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    parsed = text_format.Parse(config.read_text(), model_config_pb2.ModelConfig())
+    return parsed.backend or parsed.platform.split("_")[0]
 
 
 def check_backends(repository: Path, version: int, backends: Path) -> None:
     """Raise ``TritonUnavailable`` when ranker ``version`` calls models (a GPU-target
     export's ``triton_parts``) whose backend is not under ``backends``."""
-    blend = repository / "ranker" / str(version) / "blend.json"
-    parts = (json.loads(blend.read_text()).get("triton_parts") or {}) if blend.is_file() else {}
+    ranker = repository / "ranker" / str(version)
+    parts = ranker_parts(ranker) if (ranker / BLEND).is_file() else {}
     for part in sorted(parts.values()):
         backend = backend_of(repository / part / "config.pbtxt")
         if not (backends / backend).is_dir():
