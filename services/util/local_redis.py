@@ -6,14 +6,24 @@ import shutil
 import socket
 import subprocess
 import time
+from collections import deque
 from pathlib import Path
+
+_HANDED_OUT: deque[int] = deque(maxlen=256)  # this process's last ports, not yet all bound
 
 
 def free_port() -> int:
-    """A TCP port nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port nothing listens on right now, and none of the last 256 this process was
+    given: callers take several before binding any (Triton's HTTP, gRPC and metrics ports),
+    and the kernel may offer a port it just released again."""
+    for _ in range(64):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.append(port)
+            return port
+    raise OSError("no free loopback port that this process was not given already")
 
 
 def start_redis_server(
