@@ -7,7 +7,10 @@ string user ids ("u0001234"), SKU item ids ("SKU-000123"), millisecond timestamp
 is measured: pyarrow scanning the files (the engine-only read), and ``ingest`` of the same
 files, and the prepare step on what ingest wrote (streaming: a partition at a
 time). Each child also reports its CPU seconds (all threads): on a shared machine the CPU
-ratio swings less than the wall-clock one. Prints a line per step and, as the last line, one
+ratio swings less than the wall-clock one. After the prepare, the floor of any prepare that
+writes the same output: pyarrow writing the prepare's files from memory (parquet with each
+file's own compression and row groups, other files as their bytes), added to the engine read
+of the input. Prints a line per step and, as the last line, one
 JSON object (also written to ``bench/results/ingest.json``).
 
     python bench/ingest.py [--sizes 10000000,50000000,200000000] [--workdir /tmp/cascade-ingest]
@@ -35,7 +38,7 @@ from publish import publish
 ROWS_PER_FILE = 10_000_000
 ACTIONS = ["view", "click", "add_to_cart", "purchase"]
 ACTION_SHARES = [0.70, 0.20, 0.07, 0.03]
-BYTES_PER_ROW = 80  # generated input and ingest output together, with room to spare
+BYTES_PER_ROW = 200  # input, ingest output, the prepare's output and its floor copy, and spare
 DATASET = """\
 name: shop-{rows}
 interactions:
@@ -139,8 +142,42 @@ def run_prepare(dataset: Path, mode: str) -> dict[str, Any]:
     else:
         prepare(load_ingested(ingested), workdir)
     seconds = time.perf_counter() - started
-    shutil.rmtree(workdir)
     return {"rows": ingested_rows(ingested), "seconds": seconds, "cpu_s": cpu_seconds() - cpu}
+
+
+def write_floor(prepared: Path) -> dict[str, Any]:
+    """pyarrow writing every file of ``prepared`` again from memory (the child's work): the
+    least any prepare that writes this output spends on writing it. Loading is not timed."""
+    loaded: list[tuple[Path, Any]] = []
+    for path in sorted(p for p in prepared.rglob("*") if p.is_file()):
+        if path.suffix == ".parquet":
+            meta = pq.ParquetFile(path).metadata
+            first = meta.row_group(0) if meta.num_row_groups else None
+            codec = first.column(0).compression.lower() if first and first.num_columns else "none"
+            options = {
+                "compression": "none" if codec == "uncompressed" else codec,
+                "row_group_size": max(first.num_rows, 1) if first else None,
+                "use_dictionary": bool(first)
+                and any(first.column(i).has_dictionary_page for i in range(first.num_columns)),
+            }
+            loaded.append((path, (pq.read_table(path), options)))
+        else:
+            loaded.append((path, path.read_bytes()))
+    target = prepared.with_name(prepared.name + "-floor")
+    shutil.rmtree(target, ignore_errors=True)
+    started, cpu = time.perf_counter(), cpu_seconds()
+    written = 0
+    for path, content in loaded:
+        copy = target / path.relative_to(prepared)
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            copy.write_bytes(content)
+        else:
+            pq.write_table(content[0], copy, **content[1])
+        written += copy.stat().st_size
+    seconds, used = time.perf_counter() - started, cpu_seconds() - cpu
+    shutil.rmtree(target)
+    return {"seconds": seconds, "cpu_s": used, "bytes": written, "files": len(loaded)}
 
 
 def in_child(step: str, dataset: Path) -> dict[str, Any]:
@@ -199,6 +236,8 @@ def main() -> None:
             result: dict[str, Any] = {}
         elif step.startswith("prepare-"):
             result = run_prepare(path, step.removeprefix("prepare-"))
+        elif step.startswith("floor-"):
+            result = write_floor(path.parent / f"prepared-{step.removeprefix('floor-')}")
         else:
             result = engine_read(path) if step == "read" else run_ingest(path)
         result["peak_rss_gb"] = peak_rss_gb()
@@ -245,6 +284,27 @@ def main() -> None:
                 f"{rows:>12,} rows  prepare ({mode}) {prepared[mode]['rows_per_s']:>12,} rows/s"
                 f"  {step['seconds']:7.1f} s  {step['cpu_s']:7.1f} CPU-s"
                 f"  peak RSS {step['peak_rss_gb']:.2f} GB",
+                flush=True,
+            )
+            floor = in_child(f"floor-{mode}", dataset)
+            shutil.rmtree(dataset.parent / f"prepared-{mode}")
+            least = read["seconds"] + floor["seconds"]  # read the input, write the output
+            prepared[mode].update(
+                {
+                    "output_gb": round(floor["bytes"] / 1e9, 2),
+                    "write_floor_s": round(floor["seconds"], 2),
+                    "floor_over_engine": round(least / read["seconds"], 2),
+                    "prepare_over_engine": round(step["seconds"] / read["seconds"], 1),
+                    "prepare_over_floor": round(step["seconds"] / least, 1),
+                }
+            )
+            print(
+                f"{rows:>12,} rows  floor: pyarrow writes the prepare's {floor['files']} files"
+                f" ({floor['bytes'] / 1e9:.2f} GB) in {floor['seconds']:.2f} s"
+                f" ({floor['cpu_s']:.2f} CPU-s); engine read + that write ="
+                f" {least / read['seconds']:.2f}x the engine read; the prepare"
+                f" {step['seconds'] / read['seconds']:.1f}x the engine read,"
+                f" {step['seconds'] / least:.1f}x the floor",
                 flush=True,
             )
         if not args.keep_output:
