@@ -147,37 +147,49 @@ def run_prepare(dataset: Path, mode: str) -> dict[str, Any]:
 
 def write_floor(prepared: Path) -> dict[str, Any]:
     """pyarrow writing every file of ``prepared`` again from memory (the child's work): the
-    least any prepare that writes this output spends on writing it. Loading is not timed."""
-    loaded: list[tuple[Path, Any]] = []
-    for path in sorted(p for p in prepared.rglob("*") if p.is_file()):
-        if path.suffix == ".parquet":
-            meta = pq.ParquetFile(path).metadata
-            first = meta.row_group(0) if meta.num_row_groups else None
-            codec = first.column(0).compression.lower() if first and first.num_columns else "none"
-            options = {
-                "compression": "none" if codec == "uncompressed" else codec,
-                "row_group_size": max(first.num_rows, 1) if first else None,
-                "use_dictionary": bool(first)
-                and any(first.column(i).has_dictionary_page for i in range(first.num_columns)),
-            }
-            loaded.append((path, (pq.read_table(path), options)))
-        else:
-            loaded.append((path, path.read_bytes()))
+    least any prepare that writes this output spends on writing it. Parquet files go a row
+    group at a time (with each file's codec, row groups and dictionary use), so memory stays
+    bounded; only the writes are timed, not the reads that load them."""
     target = prepared.with_name(prepared.name + "-floor")
     shutil.rmtree(target, ignore_errors=True)
-    started, cpu = time.perf_counter(), cpu_seconds()
-    written = 0
-    for path, content in loaded:
+    seconds = cpu = 0.0
+    written = files = 0
+    for path in sorted(p for p in prepared.rglob("*") if p.is_file()):
         copy = target / path.relative_to(prepared)
         copy.parent.mkdir(parents=True, exist_ok=True)
-        if isinstance(content, bytes):
+        if path.suffix != ".parquet":
+            content = path.read_bytes()
+            started, used = time.perf_counter(), cpu_seconds()
             copy.write_bytes(content)
         else:
-            pq.write_table(content[0], copy, **content[1])
-        written += copy.stat().st_size
-    seconds, used = time.perf_counter() - started, cpu_seconds() - cpu
+            piece = pq.ParquetFile(path)
+            meta = piece.metadata
+            first = meta.row_group(0) if meta.num_row_groups else None
+            codec = first.column(0).compression.lower() if first and first.num_columns else "none"
+            dictionary = bool(first) and any(
+                first.column(i).has_dictionary_page for i in range(first.num_columns)
+            )
+            writer, started, used = None, time.perf_counter(), cpu_seconds()
+            for group in range(meta.num_row_groups):
+                seconds, cpu = seconds + time.perf_counter() - started, cpu + cpu_seconds() - used
+                table = piece.read_row_group(group)  # loading is not timed
+                started, used = time.perf_counter(), cpu_seconds()
+                if writer is None:
+                    writer = pq.ParquetWriter(
+                        copy,
+                        table.schema,
+                        compression="none" if codec == "uncompressed" else codec,
+                        use_dictionary=dictionary,
+                    )
+                writer.write_table(table, row_group_size=table.num_rows)
+            if writer is None:
+                pq.write_table(piece.read(), copy)
+            else:
+                writer.close()
+        seconds, cpu = seconds + time.perf_counter() - started, cpu + cpu_seconds() - used
+        written, files = written + copy.stat().st_size, files + 1
     shutil.rmtree(target)
-    return {"seconds": seconds, "cpu_s": used, "bytes": written, "files": len(loaded)}
+    return {"seconds": seconds, "cpu_s": cpu, "bytes": written, "files": files}
 
 
 def in_child(step: str, dataset: Path) -> dict[str, Any]:
