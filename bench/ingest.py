@@ -116,7 +116,8 @@ def run_ingest(dataset: Path) -> dict[str, Any]:
     from pipelines.data.ingest import ingest
 
     started, cpu = time.perf_counter(), cpu_seconds()
-    summary = ingest(load_dataset_file(dataset), dataset.parent / "out")
+    out, log = dataset.parent / "out", lambda line: print(line, flush=True)
+    summary = ingest(load_dataset_file(dataset), out, log)
     seconds = time.perf_counter() - started
     return {
         "rows": summary["rows"],

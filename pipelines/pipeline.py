@@ -59,14 +59,14 @@ def load_dataset(
     )
 
 
-def ingest_data_file(path: Path, workdir: Path) -> Path:
+def ingest_data_file(path: Path, workdir: Path, log: Callable[[str], None] | None = None) -> Path:
     """Check and convert a team's data (its dataset file: docs/your-data.md) into
-    ``workdir/data`` and return that directory. Bad data fails before anything is
-    replaced."""
+    ``workdir/data`` and return that directory, with progress lines to ``log``. Bad data
+    fails before anything is replaced."""
     dataset = load_dataset_file(path)
     target, fresh = workdir / DATA_DIRECTORY, workdir / f"{DATA_DIRECTORY}.next"
     shutil.rmtree(fresh, ignore_errors=True)
-    ingest(dataset, fresh)
+    ingest(dataset, fresh, log)
     shutil.rmtree(target, ignore_errors=True)
     fresh.rename(target)
     return target
@@ -125,7 +125,7 @@ def _prepare(
 ) -> dict:
     """The prepare step; returns what ``dataset.json`` records of the data."""
     if _is_data_file(dataset):
-        directory = ingest_data_file(Path(dataset), workdir)
+        directory = ingest_data_file(Path(dataset), workdir, log)
         if streams(config, base_fraction, ingested_rows(directory)):
             described = describe(directory)
             log(

@@ -12,6 +12,8 @@ are streamed batch by batch in one pass that checks each batch and converts it; 
 is found, later batches are only checked (to count the bad rows) and the run ends with one
 error naming the file, the column and the first bad row. Everything is written to a temporary
 sibling directory, renamed into place at the end, so a failed run leaves nothing behind.
+Progress goes to ``log`` as plain lines (rows so far, the file being read) every
+``PROGRESS_S`` seconds, and one line at the end.
 
 Ids: integer id columns keep their ids (identity map; CSV ids count as integers when every one
 is written as a positive integer); any other id gets an internal id in first-seen order, table
@@ -49,6 +51,31 @@ from pipelines.data.reader import Batch, file_format, file_schema, list_files, r
 from pipelines.data.schema import RawDataset
 
 PART_ROWS = 1 << 24  # rows per written interactions file
+PROGRESS_S = 10.0  # seconds between progress lines
+
+Log = Callable[[str], None]
+
+
+class _Progress:
+    """A line every ``every_s`` seconds while the interactions stream: rows so far, their
+    rate, the file being read (its position among the files)."""
+
+    def __init__(self, log: Log | None, files: list[Path], every_s: float) -> None:
+        self.log, self.every_s = log, every_s
+        self.position = {str(path): n for n, path in enumerate(files, 1)}
+        self.started = self.last = time.perf_counter()
+
+    def batch(self, batch: Batch, rows: int, checking: bool) -> None:
+        now = time.perf_counter()
+        if self.log is None or now - self.last < self.every_s:
+            return
+        self.last = now
+        rate = rows / max(now - self.started, 1e-9)
+        doing = "checking only (a problem was found)" if checking else "converting"
+        self.log(
+            f"ingest: {rows:,} rows read, {rate:,.0f} rows/s; file {self.position[str(batch.file)]}"
+            f" of {len(self.position)} ({batch.file.name}); {doing}"
+        )
 
 
 # --- the interactions -----------------------------------------------------------------------
@@ -120,7 +147,9 @@ def _one_ahead(
     yield from waiting
 
 
-def _interactions(dataset: DatasetFile, ids: dict[str, SideIds], directory: Path) -> dict[str, Any]:
+def _interactions(
+    dataset: DatasetFile, ids: dict[str, SideIds], directory: Path, progress: _Progress
+) -> dict[str, Any]:
     """Stream, check and write the interactions; their counts."""
     spec = dataset.spec.interactions
     files = list_files(dataset.resolve(spec.path))
@@ -158,6 +187,7 @@ def _interactions(dataset: DatasetFile, ids: dict[str, SideIds], directory: Path
             problems.add(what, batch, bad)
             rating, weight = outcomes.rate(data.column(spec.rule_column), batch, problems)
             rows[str(batch.file)] += data.num_rows
+            progress.batch(batch, sum(rows.values()), bool(problems.found))
             if problems.found:
                 continue  # only checking from here on, to count the bad rows
             span = [min(span[0], int(stamps.min())), max(span[1], int(stamps.max()))]
@@ -199,7 +229,9 @@ def _stored_schema(schema: FeatureSchema, tables: dict[str, Table | None]) -> Fe
     return FeatureSchema(side(schema.user, tables["user"]), side(schema.item, tables["item"]))
 
 
-def _run(dataset: DatasetFile, directory: Path, kinds: dict[str, IdKind]) -> dict[str, Any]:
+def _run(
+    dataset: DatasetFile, directory: Path, kinds: dict[str, IdKind], progress: _Progress
+) -> dict[str, Any]:
     schema = dataset.feature_schema()
     ids = {side: SideIds(side, kinds[side]) for side in ("user", "item")}
     tables: dict[str, Table | None] = {"user": None, "item": None}
@@ -209,7 +241,7 @@ def _run(dataset: DatasetFile, directory: Path, kinds: dict[str, IdKind]) -> dic
     ):
         if spec is not None:
             tables[side] = read_table(dataset.resolve(spec.path), spec, features, ids[side])
-    summary = _interactions(dataset, ids, directory)
+    summary = _interactions(dataset, ids, directory, progress)
     for side in ("user", "item"):
         frame = _side_frame(ids[side], tables[side], f"{side}_id")
         frame.to_parquet(directory / f"{side}s.parquet", index=False)
@@ -241,22 +273,28 @@ def _guess_kinds(dataset: DatasetFile) -> dict[str, IdKind]:
     return kinds
 
 
-def ingest(dataset: DatasetFile, output: Path) -> dict[str, Any]:
+def ingest(
+    dataset: DatasetFile, output: Path, log: Log | None = None, every_s: float = PROGRESS_S
+) -> dict[str, Any]:
     """Check and convert ``dataset`` into ``output`` (replaced if present); the summary also
-    written to ``output/ingest.json``. DataError naming the file, column and first bad row."""
+    written to ``output/ingest.json``. DataError naming the file, column and first bad row.
+    Progress lines go to ``log``, at most one per ``every_s`` seconds, and one at the end."""
     started = time.perf_counter()
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     temporary = output.with_name(f".{output.name}.ingest-{os.getpid()}")
     kinds = _guess_kinds(dataset)
+    files = list_files(dataset.resolve(dataset.spec.interactions.path))  # for progress lines
     while True:
         shutil.rmtree(temporary, ignore_errors=True)
         temporary.mkdir()
         try:
-            summary = _run(dataset, temporary, kinds)
+            summary = _run(dataset, temporary, kinds, _Progress(log, files, every_s))
             break
         except KindMismatch as mismatch:
             kinds[mismatch.side] = "str"  # an id that is not an integer: string ids throughout
+            if log is not None:
+                log(f"ingest: {mismatch.side} ids are not all integers: reading again as strings")
         except BaseException:
             shutil.rmtree(temporary, ignore_errors=True)
             raise
@@ -268,6 +306,13 @@ def ingest(dataset: DatasetFile, output: Path) -> dict[str, Any]:
         output.rename(previous)
     temporary.rename(output)
     shutil.rmtree(previous, ignore_errors=True)
+    if log is not None:
+        rate, read = summary["rows"] / max(summary["seconds"], 1e-9), len(summary["files"])
+        log(
+            f"ingest: {summary['rows']:,} interactions from {read} file{'s' * (read != 1)}"
+            f" in {summary['seconds']:.1f} s ({rate:,.0f} rows/s): {summary['users']:,} users,"
+            f" {summary['items']:,} items"
+        )
     return summary
 
 

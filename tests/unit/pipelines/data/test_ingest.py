@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +120,44 @@ def test_csv_ids_with_leading_zeros_or_letters_later_are_strings(tmp_path: Path)
     data = run(tmp_path, "logs")
     assert data.user_ids.kind == "str" and data.user_ids.to_external([1, 2]) == ["7", "x9"]
     assert data.item_ids.to_external([1, 2]) == ["0042", "42"]
+
+
+def test_progress_lines_name_the_rows_the_file_and_the_restart(tmp_path: Path) -> None:
+    write_rows(tmp_path / "logs" / "1.csv", [{**EVENTS[0], "customer_id": "7", "sku": "5"}])
+    write_rows(tmp_path / "logs" / "2.csv", [{**EVENTS[2], "customer_id": "x9", "sku": "6"}])
+    lines: list[str] = []
+    ingest(load_dataset_file(dataset_file(tmp_path, "logs")), tmp_path / "out", lines.append, 0.0)
+    # the integer guess holds for the first file; "x9" in the second breaks it for the users
+    shown = [re.sub(r", [\d,]+ rows/s;", ", N rows/s;", line) for line in lines[:4]]
+    assert shown == [
+        "ingest: 1 rows read, N rows/s; file 1 of 2 (1.csv); converting",
+        "ingest: user ids are not all integers: reading again as strings",
+        "ingest: 1 rows read, N rows/s; file 1 of 2 (1.csv); converting",
+        "ingest: 2 rows read, N rows/s; file 2 of 2 (2.csv); converting",
+    ]
+    assert re.fullmatch(
+        r"ingest: 2 interactions from 2 files in [\d.]+ s \([\d,]+ rows/s\): 2 users, 2 items",
+        lines[4],
+    )
+    assert len(lines) == 5
+
+
+def test_progress_lines_wait_their_interval_and_say_when_only_checking(tmp_path: Path) -> None:
+    write_rows(tmp_path / "logs" / "1.csv", [{**EVENTS[0], "ts": "not a time"}])
+    write_rows(tmp_path / "logs" / "2.csv", [EVENTS[1]])
+    dataset = load_dataset_file(dataset_file(tmp_path, "logs"))
+    lines: list[str] = []
+    with pytest.raises(DataError, match="timestamp"):
+        ingest(dataset, tmp_path / "out", lines.append, 0.0)
+    rows = [line for line in lines if " rows read" in line]
+    assert [line.rsplit("; ", 1)[1] for line in rows] == [
+        "checking only (a problem was found)",
+        "checking only (a problem was found)",
+    ]
+    quiet: list[str] = []  # an hour between lines: none while reading, none at a failure
+    with pytest.raises(DataError, match="timestamp"):
+        ingest(dataset, tmp_path / "out", quiet.append, 3600.0)
+    assert not [line for line in quiet if " rows read" in line]
 
 
 def test_unicode_ids_round_trip(tmp_path: Path) -> None:
