@@ -42,17 +42,22 @@ STREAMING_ROWS = 20_000_000  # --streaming-prepare auto: stream above this many 
 
 
 def load_dataset(
-    name: str, seed: int, synthetic_size: tuple[int, int, int], workdir: Path | None = None
+    name: str,
+    seed: int,
+    synthetic_size: tuple[int, int, int],
+    workdir: Path | None = None,
+    log: Callable[[str], None] | None = None,
 ) -> RawDataset:
     """A built-in data set by name (``movielens``, ``synthetic``), or a team's own data by
-    the path of its dataset file (read and checked into ``workdir``/data first)."""
+    the path of its dataset file (read and checked into ``workdir``/data first, with the
+    conversion's progress lines to ``log``)."""
     if name == BUILT_IN[0]:
         return load_movielens_100k()
     if name == BUILT_IN[1]:
         users, items, interactions = synthetic_size
         return make_synthetic(users, items, interactions, seed=seed)
     if _is_data_file(name):
-        return load_data_file(Path(name), workdir or Path("artifacts/work"))
+        return load_data_file(Path(name), workdir or Path("artifacts/work"), log)
     raise ConfigError(
         f"unknown dataset {name!r}; choose movielens or synthetic, or give a dataset file "
         "(--data dataset.yaml)"
@@ -72,9 +77,11 @@ def ingest_data_file(path: Path, workdir: Path, log: Callable[[str], None] | Non
     return target
 
 
-def load_data_file(path: Path, workdir: Path) -> RawDataset:
+def load_data_file(
+    path: Path, workdir: Path, log: Callable[[str], None] | None = None
+) -> RawDataset:
     """A team's data, checked and converted (``ingest_data_file``), in memory."""
-    return load_ingested(ingest_data_file(path, workdir))
+    return load_ingested(ingest_data_file(path, workdir, log))
 
 
 def _is_data_file(name: str) -> bool:

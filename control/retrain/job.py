@@ -276,7 +276,9 @@ def run_retrain(
             config = options.config
             source = options.dataset or production_source(root, production)
             progress(f"base data: {source}")
-            full_base = load_dataset(source, config.seed, options.synthetic_size, state_dir.work)
+            full_base = load_dataset(
+                source, config.seed, options.synthetic_size, state_dir.work, progress
+            )
             base = oldest(full_base, options.base_fraction)
             learnt = production_learnt(
                 root, production, full_base, oldest_rows(full_base, options.base_fraction)
