@@ -62,6 +62,7 @@ from pipelines.prepare import (
     user_histories,
     user_tower_inputs,
 )
+from pipelines.progress import Every
 from pipelines.ranking_files import RANKING_GROUP_ROWS, merge_pieces, write_piece
 from pipelines.split import Split, hashed_split
 
@@ -172,10 +173,16 @@ def _fit(
     weighted = False
     fitted: list[list[FeatureOp]] = []
     all_stages = stages(workflow.ops)
+    every = Every()
     for number, stage in enumerate(all_stages, 1):
         generators = _generators(workflow)
         running: list | None = None
-        for _, frame, split in reader:
+        for part, frame, split in reader:
+            if every.due():
+                log(
+                    f"prepare: fitting stage {number} of {len(all_stages)}: partition"
+                    f" {part + 1} of {len(reader.parts)}"
+                )
             if WEIGHT in frame and number == 1:
                 weighted = weighted or not bool(np.all(frame[WEIGHT].to_numpy() == 1.0))
             rows = _encoded_training_rows(
@@ -268,7 +275,7 @@ def prepare_ingested(
         )
         workflow.save(workdir / "workflow")
         history = _write_online(
-            directory, workdir / "online", (users, items), buckets, workflow, history_length
+            directory, workdir / "online", (users, items), buckets, workflow, history_length, log
         )
         log(f"prepare: wrote the histories of {len(users)} users ({buckets.count} buckets)")
         counts = np.zeros(len(items), np.int64)
@@ -363,6 +370,7 @@ def _write_online(
     buckets: _Buckets,
     workflow: Workflow,
     history_length: int,
+    log: Callable[[str], None],
 ) -> np.ndarray:
     """The online tables (``prepare.write_online_tables``), histories a bucket at a time;
     returns each catalog user's recent training positives (the towers' history)."""
@@ -376,8 +384,11 @@ def _write_online(
     history = np.zeros((len(user_ids), history_length), dtype=np.int64)
     bucket_of_user = buckets.of(user_ids)
     writer: pq.ParquetWriter | None = None
+    every = Every()
     try:
         for b, rows in buckets.read():
+            if every.due():
+                log(f"prepare: histories: bucket {b + 1} of {buckets.count}")
             table = user_histories(rows, history_length)
             if writer is None:
                 writer = pq.ParquetWriter(online / "histories.parquet", table.schema)

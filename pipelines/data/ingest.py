@@ -49,9 +49,9 @@ from pipelines.data.ingest_tables import Table, read_table
 from pipelines.data.ingest_values import Outcomes, seconds
 from pipelines.data.reader import Batch, file_format, file_schema, list_files, read_batches
 from pipelines.data.schema import RawDataset
+from pipelines.progress import PROGRESS_S, Every
 
 PART_ROWS = 1 << 24  # rows per written interactions file
-PROGRESS_S = 10.0  # seconds between progress lines
 
 Log = Callable[[str], None]
 
@@ -61,16 +61,13 @@ class _Progress:
     rate, the file being read (its position among the files)."""
 
     def __init__(self, log: Log | None, files: list[Path], every_s: float) -> None:
-        self.log, self.every_s = log, every_s
+        self.log, self.every = log, Every(every_s)
         self.position = {str(path): n for n, path in enumerate(files, 1)}
-        self.started = self.last = time.perf_counter()
 
     def batch(self, batch: Batch, rows: int, checking: bool) -> None:
-        now = time.perf_counter()
-        if self.log is None or now - self.last < self.every_s:
+        if self.log is None or not self.every.due():
             return
-        self.last = now
-        rate = rows / max(now - self.started, 1e-9)
+        rate = rows / max(self.every.elapsed(), 1e-9)
         doing = "checking only (a problem was found)" if checking else "converting"
         self.log(
             f"ingest: {rows:,} rows read, {rate:,.0f} rows/s; file {self.position[str(batch.file)]}"

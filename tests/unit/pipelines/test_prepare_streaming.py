@@ -55,6 +55,25 @@ def both(shop: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Pa
     return in_memory, streamed
 
 
+def test_long_passes_print_progress_lines(
+    shop: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pipelines.progress as progress
+
+    monkeypatch.setattr(progress, "PROGRESS_S", 0.0)  # a line whenever one may be printed
+    lines: list[str] = []
+    prepare_ingested(
+        shop, tmp_path, seed=3, history_length=5, rows=GROUP_ROWS, bucket_rows=10_000,
+        log=lines.append,
+    )  # fmt: skip
+    fitting = [line for line in lines if line.startswith("prepare: fitting stage 1 of ")]
+    assert [line.rsplit(": ", 1)[1] for line in fitting] == [
+        f"partition {n} of 11" for n in range(1, 12)
+    ]
+    histories = [line for line in lines if line.startswith("prepare: histories: bucket ")]
+    assert histories and histories[-1].endswith(" of 7"), histories
+
+
 def test_the_workflow_is_the_same(both: tuple[Path, Path]) -> None:
     left, right = (Workflow.load(p / "workflow") for p in both)
     assert [op.config() for op in left.ops] == [op.config() for op in right.ops]
