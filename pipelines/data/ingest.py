@@ -13,7 +13,7 @@ is found, later batches are only checked (to count the bad rows) and the run end
 error naming the file, the column and the first bad row. Everything is written to a temporary
 sibling directory, renamed into place at the end, so a failed run leaves nothing behind.
 Progress goes to ``log`` as plain lines (rows so far, the file being read) every
-``PROGRESS_S`` seconds, and one line at the end.
+``pipelines.progress.PROGRESS_S`` seconds, and one line at the end.
 
 Ids: integer id columns keep their ids (identity map; CSV ids count as integers when every one
 is written as a positive integer); any other id gets an internal id in first-seen order, table
@@ -49,7 +49,7 @@ from pipelines.data.ingest_tables import Table, read_table
 from pipelines.data.ingest_values import Outcomes, seconds
 from pipelines.data.reader import Batch, file_format, file_schema, list_files, read_batches
 from pipelines.data.schema import RawDataset
-from pipelines.progress import PROGRESS_S, Every
+from pipelines.progress import Every
 
 PART_ROWS = 1 << 24  # rows per written interactions file
 
@@ -60,7 +60,7 @@ class _Progress:
     """A line every ``every_s`` seconds while the interactions stream: rows so far, their
     rate, the file being read (its position among the files)."""
 
-    def __init__(self, log: Log | None, files: list[Path], every_s: float) -> None:
+    def __init__(self, log: Log | None, files: list[Path], every_s: float | None) -> None:
         self.log, self.every = log, Every(every_s)
         self.position = {str(path): n for n, path in enumerate(files, 1)}
 
@@ -145,11 +145,14 @@ def _one_ahead(
 
 
 def _interactions(
-    dataset: DatasetFile, ids: dict[str, SideIds], directory: Path, progress: _Progress
+    dataset: DatasetFile,
+    files: list[Path],
+    ids: dict[str, SideIds],
+    directory: Path,
+    progress: _Progress,
 ) -> dict[str, Any]:
-    """Stream, check and write the interactions; their counts."""
+    """Stream, check and write the interactions of ``files``; their counts."""
     spec = dataset.spec.interactions
-    files = list_files(dataset.resolve(spec.path))
     outcomes = Outcomes(spec)
     weighed = spec.event is not None and bool(spec.event.weight)
     schema = pa.schema(
@@ -161,6 +164,7 @@ def _interactions(
     parts = _Parts(directory / "interactions", schema)
     problems = Problems()
     rows = {str(path): 0 for path in files}
+    read = 0  # rows so far, all files
     span = [np.iinfo(np.int64).max, np.iinfo(np.int64).min]
     text = {spec.user: pa.string(), spec.item: pa.string()}
     # the user ids are mapped by a thread, one batch ahead, while this one maps the items
@@ -184,7 +188,8 @@ def _interactions(
             problems.add(what, batch, bad)
             rating, weight = outcomes.rate(data.column(spec.rule_column), batch, problems)
             rows[str(batch.file)] += data.num_rows
-            progress.batch(batch, sum(rows.values()), bool(problems.found))
+            read += data.num_rows
+            progress.batch(batch, read, bool(problems.found))
             if problems.found:
                 continue  # only checking from here on, to count the bad rows
             span = [min(span[0], int(stamps.min())), max(span[1], int(stamps.max()))]
@@ -196,9 +201,9 @@ def _interactions(
     problems.raise_first()
     outcomes.check_some_positive(dataset.resolve(spec.path))
     return {
-        "rows": sum(rows.values()),
+        "rows": read,
         "ratings": outcomes.counts,
-        "timestamps": span if sum(rows.values()) else None,
+        "timestamps": span if read else None,
         "files": [{"path": p, "bytes": os.path.getsize(p), "rows": n} for p, n in rows.items()],
     }
 
@@ -227,7 +232,11 @@ def _stored_schema(schema: FeatureSchema, tables: dict[str, Table | None]) -> Fe
 
 
 def _run(
-    dataset: DatasetFile, directory: Path, kinds: dict[str, IdKind], progress: _Progress
+    dataset: DatasetFile,
+    files: list[Path],
+    directory: Path,
+    kinds: dict[str, IdKind],
+    progress: _Progress,
 ) -> dict[str, Any]:
     schema = dataset.feature_schema()
     ids = {side: SideIds(side, kinds[side]) for side in ("user", "item")}
@@ -238,7 +247,7 @@ def _run(
     ):
         if spec is not None:
             tables[side] = read_table(dataset.resolve(spec.path), spec, features, ids[side])
-    summary = _interactions(dataset, ids, directory, progress)
+    summary = _interactions(dataset, files, ids, directory, progress)
     for side in ("user", "item"):
         frame = _side_frame(ids[side], tables[side], f"{side}_id")
         frame.to_parquet(directory / f"{side}s.parquet", index=False)
@@ -256,11 +265,10 @@ def _run(
     return summary
 
 
-def _guess_kinds(dataset: DatasetFile) -> dict[str, IdKind]:
-    """Integer ids unless the first interactions file types an id column as text (CSV
+def _guess_kinds(dataset: DatasetFile, first: Path) -> dict[str, IdKind]:
+    """Integer ids unless the ``first`` interactions file types an id column as text (CSV
     columns are text until their values are seen)."""
     spec = dataset.spec.interactions
-    first = list_files(dataset.resolve(spec.path))[0]
     schema = file_schema(first, spec.delimiter)
     kinds: dict[str, IdKind] = {}
     for side, column in (("user", spec.user), ("item", spec.item)):
@@ -271,22 +279,23 @@ def _guess_kinds(dataset: DatasetFile) -> dict[str, IdKind]:
 
 
 def ingest(
-    dataset: DatasetFile, output: Path, log: Log | None = None, every_s: float = PROGRESS_S
+    dataset: DatasetFile, output: Path, log: Log | None = None, every_s: float | None = None
 ) -> dict[str, Any]:
     """Check and convert ``dataset`` into ``output`` (replaced if present); the summary also
     written to ``output/ingest.json``. DataError naming the file, column and first bad row.
-    Progress lines go to ``log``, at most one per ``every_s`` seconds, and one at the end."""
+    Progress lines go to ``log``, at most one per ``every_s`` seconds (``PROGRESS_S`` when not
+    given), and one at the end."""
     started = time.perf_counter()
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     temporary = output.with_name(f".{output.name}.ingest-{os.getpid()}")
-    kinds = _guess_kinds(dataset)
-    files = list_files(dataset.resolve(dataset.spec.interactions.path))  # for progress lines
+    files = list_files(dataset.resolve(dataset.spec.interactions.path))
+    kinds = _guess_kinds(dataset, files[0])
     while True:
         shutil.rmtree(temporary, ignore_errors=True)
         temporary.mkdir()
         try:
-            summary = _run(dataset, temporary, kinds, _Progress(log, files, every_s))
+            summary = _run(dataset, files, temporary, kinds, _Progress(log, files, every_s))
             break
         except KindMismatch as mismatch:
             kinds[mismatch.side] = "str"  # an id that is not an integer: string ids throughout
