@@ -25,6 +25,8 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -153,44 +155,43 @@ def write_floor(prepared: Path) -> dict[str, Any]:
     bounded; only the writes are timed, not the reads that load them."""
     target = prepared.with_name(prepared.name + "-floor")
     shutil.rmtree(target, ignore_errors=True)
-    seconds = cpu = 0.0
+    spent = {"seconds": 0.0, "cpu_s": 0.0}
+
+    @contextmanager
+    def timed() -> Iterator[None]:
+        started, used = time.perf_counter(), cpu_seconds()
+        yield
+        spent["seconds"] += time.perf_counter() - started
+        spent["cpu_s"] += cpu_seconds() - used
+
     written = files = 0
     for path in sorted(p for p in prepared.rglob("*") if p.is_file()):
         copy = target / path.relative_to(prepared)
         copy.parent.mkdir(parents=True, exist_ok=True)
         if path.suffix != ".parquet":
             content = path.read_bytes()
-            started, used = time.perf_counter(), cpu_seconds()
-            copy.write_bytes(content)
+            with timed():
+                copy.write_bytes(content)
         else:
             piece = pq.ParquetFile(path)
-            meta = piece.metadata
-            first = meta.row_group(0) if meta.num_row_groups else None
+            first = piece.metadata.row_group(0) if piece.metadata.num_row_groups else None
             codec = first.column(0).compression.lower() if first and first.num_columns else "none"
-            dictionary = bool(first) and any(
-                first.column(i).has_dictionary_page for i in range(first.num_columns)
-            )
-            writer, started, used = None, time.perf_counter(), cpu_seconds()
-            for group in range(meta.num_row_groups):
-                seconds, cpu = seconds + time.perf_counter() - started, cpu + cpu_seconds() - used
+            options = {
+                "compression": "none" if codec == "uncompressed" else codec,
+                "use_dictionary": bool(first)
+                and any(first.column(i).has_dictionary_page for i in range(first.num_columns)),
+            }
+            with timed():
+                writer = pq.ParquetWriter(copy, piece.schema_arrow, **options)
+            for group in range(piece.num_row_groups):
                 table = piece.read_row_group(group)  # loading is not timed
-                started, used = time.perf_counter(), cpu_seconds()
-                if writer is None:
-                    writer = pq.ParquetWriter(
-                        copy,
-                        table.schema,
-                        compression="none" if codec == "uncompressed" else codec,
-                        use_dictionary=dictionary,
-                    )
-                writer.write_table(table, row_group_size=table.num_rows)
-            if writer is None:
-                pq.write_table(piece.read(), copy)
-            else:
+                with timed():
+                    writer.write_table(table, row_group_size=max(table.num_rows, 1))
+            with timed():
                 writer.close()
-        seconds, cpu = seconds + time.perf_counter() - started, cpu + cpu_seconds() - used
         written, files = written + copy.stat().st_size, files + 1
     shutil.rmtree(target)
-    return {"seconds": seconds, "cpu_s": cpu, "bytes": written, "files": files}
+    return {**spent, "bytes": written, "files": files}
 
 
 def in_child(step: str, dataset: Path) -> dict[str, Any]:
